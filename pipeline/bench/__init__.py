@@ -1,0 +1,1 @@
+"""Benchmarks: each prints one JSON object and compares against a baseline measured in the same run."""

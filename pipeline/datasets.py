@@ -1,0 +1,109 @@
+"""Read verl-format datasets (parquet, JSONL) into `PromptEvent`s.
+
+A row has verl's columns: `prompt` (chat messages, or a plain string taken as one user
+message), `data_source`, `reward_model` (`{style, ground_truth}`), `extra_info`, optional
+`ability`, `agent_name`, `n` and `uid`. A row without `uid` gets a deterministic one,
+`{prefix}-{row_number}` (prefix: the file's stem unless given), so producing the same file
+again yields the same uids and downstream de-duplication recognises them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.errors import RolloutError
+from schemas.events import PromptEvent
+
+__all__ = ["DatasetError", "RowError", "read_rows", "row_to_prompt"]
+
+
+class DatasetError(RolloutError):
+    """The dataset file cannot be read at all."""
+
+
+class RowError(RolloutError):
+    """One row is not a valid prompt; carries its row number."""
+
+    def __init__(self, row_number: int, message: str) -> None:
+        super().__init__(f"row {row_number}: {message}")
+        self.row_number = row_number
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(row number from 0, row) for every row of a .parquet, .jsonl or .json file.
+
+    A JSONL line that is not JSON is yielded as a `RowError` value for the caller to count.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"dataset {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from _parquet_rows(path)
+    elif suffix in (".jsonl", ".ndjson"):
+        with path.open("rb") as fh:
+            for number, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except ValueError as exc:
+                    yield number, RowError(number, f"not valid JSON: {exc}")
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise DatasetError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(data, list):
+            raise DatasetError(f"{path} must hold a JSON list of rows")
+        yield from enumerate(data)
+    else:
+        raise DatasetError(f"unsupported dataset format {suffix!r} (use .parquet, .jsonl or .json)")
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for bad files
+        raise DatasetError(f"{path} is not a readable parquet file: {exc}") from exc
+    number = 0
+    for batch in handle.iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            yield number, row
+            number += 1
+
+
+def row_to_prompt(
+    row: Any, row_number: int, *, uid_prefix: str, default_data_source: str | None = None
+) -> PromptEvent:
+    """Validate one row into a `PromptEvent`; `RowError` says what is wrong with it."""
+    if isinstance(row, RowError):
+        raise row
+    if not isinstance(row, Mapping):
+        raise RowError(row_number, f"expected an object, got {type(row).__name__}")
+    fields = dict(row)
+    prompt = fields.get("prompt")
+    if isinstance(prompt, str):
+        fields["prompt"] = [{"role": "user", "content": prompt}]
+    extra_info = fields.get("extra_info") or {}
+    uid = fields.get("uid") or (extra_info.get("uid") if isinstance(extra_info, Mapping) else None)
+    fields["uid"] = str(uid) if uid is not None else f"{uid_prefix}-{row_number}"
+    fields["extra_info"] = extra_info
+    if not fields.get("data_source") and default_data_source:
+        fields["data_source"] = default_data_source
+    if fields.get("reward_model") is None:
+        fields.pop("reward_model", None)
+    known = set(PromptEvent.model_fields) - {"kind", "schema_version", "created_at"}
+    try:
+        return PromptEvent.model_validate({k: v for k, v in fields.items() if k in known})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RowError(row_number, f"{where}: {first['msg']}") from exc

@@ -1,0 +1,302 @@
+"""A real Apache Kafka broker on this machine, without Docker: `rollout kafka up|down|status`.
+
+The broker's jars (org.apache.kafka:kafka_2.13 and its runtime dependencies) are resolved
+once by Maven from `infra/kafka/pom.xml` into a cache directory keyed by the pom's hash, so
+later starts need no network. The broker runs in KRaft combined mode (broker + controller,
+one node) from a data directory the launcher formats on first use.
+
+Invariants:
+- `up` is idempotent: a broker already answering on the port is reused, never doubled.
+- readiness is a real metadata request answered by the broker, not a sleep.
+- `down` stops only the process this launcher started (pid and command line checked),
+  SIGTERM first, SIGKILL after a grace period; never by process name.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from workers.kafka.exceptions import KafkaUnavailableError
+
+__all__ = ["BrokerState", "broker_status", "ensure_jars", "start_broker", "stop_broker"]
+
+log = logging.getLogger("rollout.kafka.local")
+
+INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
+
+
+def rollout_home() -> Path:
+    return Path(os.environ.get("ROLLOUT_HOME", Path.home() / ".rollout")).expanduser()
+
+
+def cache_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    return Path(base).expanduser() / "rollout-pipeline"
+
+
+@dataclass
+class BrokerState:
+    """What `up` records so that `status` and `down` find the broker again."""
+
+    pid: int
+    port: int
+    controller_port: int
+    data_dir: str
+    bootstrap: str
+    started_at: float
+    reused: bool = False
+
+    @classmethod
+    def path_for(cls, port: int) -> Path:
+        return rollout_home() / f"kafka-{port}.json"
+
+    def save(self) -> None:
+        path = self.path_for(self.port)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, port: int) -> BrokerState | None:
+        try:
+            return cls(**json.loads(cls.path_for(port).read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return None
+
+
+def ensure_jars(*, quiet: bool = False) -> Path:
+    """The directory holding the broker's jars, resolving them with Maven on first use."""
+    pom = INFRA / "pom.xml"
+    if not pom.exists():
+        raise KafkaUnavailableError(f"{pom} not found: run from a checkout of rollout-pipeline")
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    lib = cache_home() / f"kafka-{digest}" / "lib"
+    if (lib / ".complete").exists():
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaUnavailableError("Maven (mvn) is needed once to resolve the Kafka jars")
+    started = time.monotonic()
+    tmp = lib.with_name("lib.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
+    ]  # fmt: skip
+    if not quiet:
+        print(f"resolving Kafka jars with Maven into {lib} (once)…", file=sys.stderr)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise KafkaUnavailableError(f"Maven could not resolve the Kafka jars:\n{result.stdout[-3000:]}")
+    (tmp / ".complete").write_text(str(time.time()))
+    shutil.rmtree(lib, ignore_errors=True)
+    tmp.replace(lib)
+    if not quiet:
+        print(f"resolved Kafka jars in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return lib
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a broker at `bootstrap` answers a metadata request."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=int(timeout_s * 1000),
+            bootstrap_timeout_ms=int(timeout_s * 1000),
+            client_id="rollout-probe",
+        )
+    except (KafkaError, OSError, ValueError):
+        return False
+    try:
+        admin.describe_cluster()
+        return True
+    except (KafkaError, OSError):
+        return False
+    finally:
+        admin.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_our_broker(state: BrokerState) -> bool:
+    """The pid is alive and still the broker we started (guards against pid reuse)."""
+    if not _pid_alive(state.pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return True
+    return "kafka.Kafka" in cmdline and state.data_dir in cmdline
+
+
+def _java(lib: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaUnavailableError("Java 17+ is needed to run the local Kafka broker")
+    return [
+        java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={INFRA / 'log4j2.properties'}",
+        "-cp", f"{lib}/*", main, *args,
+    ]  # fmt: skip
+
+
+def start_broker(
+    port: int = 9092,
+    data_dir: str | Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    heap: str = "1g",
+    timeout_s: float = 90.0,
+    quiet: bool = False,
+) -> BrokerState:
+    """Start (or reuse) a single-node KRaft broker; return once it answers metadata."""
+    started = time.monotonic()
+    bootstrap = f"localhost:{port}"
+    state = BrokerState.load(port)
+    if state is not None and _is_our_broker(state) and _metadata_ok(bootstrap):
+        state.reused = True
+        return state
+    if _port_open(host, port):
+        if _metadata_ok(bootstrap):
+            return BrokerState(-1, port, -1, "", bootstrap, time.time(), reused=True)
+        raise KafkaUnavailableError(f"port {port} is taken by something that is not Kafka")
+
+    lib = ensure_jars(quiet=quiet)
+    data = Path(data_dir) if data_dir else rollout_home() / f"kafka-{port}"
+    data = data.expanduser().resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    # KRaft keeps the controller's endpoint in its log: a restarted node keeps its port.
+    saved = data / "controller.port"
+    formatted = (data / "logs" / "meta.properties").exists()
+    controller_port = int(saved.read_text()) if formatted and saved.exists() else _free_port()
+    props = data / "server.properties"
+    template = string.Template((INFRA / "server.properties.template").read_text())
+    props.write_text(
+        template.substitute(
+            host=host,
+            advertised_host="localhost",
+            port=port,
+            controller_port=controller_port,
+            log_dir=data / "logs",
+        )
+    )
+    if not formatted:
+        fmt = _java(lib, "kafka.tools.StorageTool", "format", "--standalone",
+                    "-t", _cluster_id(), "-c", str(props))  # fmt: skip
+        result = subprocess.run(fmt, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise KafkaUnavailableError(f"formatting KRaft storage failed:\n{result.stdout}{result.stderr}")
+        saved.write_text(str(controller_port))
+
+    logfile = open(data / "server.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        _java(lib, "kafka.Kafka", str(props), heap=heap),
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    logfile.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (data / "server.log").read_text(errors="replace")[-3000:]
+            raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
+        if _port_open(host, port) and _metadata_ok(bootstrap):
+            state = BrokerState(proc.pid, port, controller_port, str(data), bootstrap, time.time())
+            state.save()
+            if not quiet:
+                print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
+                      f"(pid {proc.pid}, data {data})", file=sys.stderr)  # fmt: skip
+            return state
+        time.sleep(0.2)
+    proc.kill()
+    raise KafkaUnavailableError(f"the broker did not answer within {timeout_s:.0f}s; see {data / 'server.log'}")
+
+
+def _cluster_id() -> str:
+    # Same format as `StorageTool random-uuid` (url-safe base64 of 16 random bytes), without
+    # paying for a JVM start.
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def stop_broker(port: int = 9092, *, grace_s: float = 30.0, purge: bool = False) -> bool:
+    """Stop the broker `up` started on `port`. False if there was none."""
+    state = BrokerState.load(port)
+    if state is None:
+        return False
+    stopped = False
+    if _is_our_broker(state):
+        os.kill(state.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _pid_alive(state.pid):
+            _reap(state.pid)
+            time.sleep(0.1)
+        if _pid_alive(state.pid):
+            os.kill(state.pid, signal.SIGKILL)
+            _reap(state.pid)
+        stopped = True
+    BrokerState.path_for(port).unlink(missing_ok=True)
+    if purge and state.data_dir:
+        shutil.rmtree(state.data_dir, ignore_errors=True)
+    return stopped
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def broker_status(port: int = 9092) -> dict[str, object]:
+    """What is known about the broker on `port`."""
+    state = BrokerState.load(port)
+    bootstrap = f"localhost:{port}"
+    answering = _port_open("127.0.0.1", port) and _metadata_ok(bootstrap)
+    return {
+        "bootstrap": bootstrap,
+        "answering": answering,
+        "managed": state is not None and _is_our_broker(state),
+        "pid": state.pid if state else None,
+        "data_dir": state.data_dir if state else None,
+    }

@@ -1,0 +1,119 @@
+"""Topic admin: create, describe and delete every topic of the architecture.
+
+Creation is idempotent (an existing topic is left as it is and reported), and each topic gets
+its partitions, cleanup policy (compacted for `rl.policy` and `rl.replicas`), retention,
+`min.insync.replicas` and a `max.message.bytes` large enough for long trajectories.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+
+from workers.kafka.clients import make_admin
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+__all__ = ["create_topics", "delete_topics", "describe_topics", "topic_configs"]
+
+log = logging.getLogger("rollout.topics")
+
+
+def topic_configs(topics: TopicsConfig, role: str) -> dict[str, str]:
+    spec = topics.spec(role)
+    return {
+        "cleanup.policy": spec.cleanup_policy,
+        "retention.ms": str(spec.retention_ms),
+        "max.message.bytes": str(topics.max_message_bytes),
+        "min.insync.replicas": str(topics.min_insync_replicas),
+    }
+
+
+def create_topics(
+    kafka: KafkaConfig, topics: TopicsConfig, roles: list[str] | None = None
+) -> dict[str, str]:
+    """Create the topics of `roles` (all by default); return name → 'created' | 'exists'."""
+    roles = roles or list(topics.ROLES)
+    admin = make_admin(kafka)
+    try:
+        existing = set(admin.list_topics())
+        outcome: dict[str, str] = {}
+        new = []
+        for role in roles:
+            name = topics.name(role)
+            if name in existing:
+                outcome[name] = "exists"
+                continue
+            new.append(
+                NewTopic(
+                    name,
+                    num_partitions=topics.spec(role).partitions,
+                    replication_factor=topics.replication_factor,
+                    topic_configs=topic_configs(topics, role),
+                )
+            )
+        if new:
+            try:
+                admin.create_topics(new, wait_for_metadata=True)
+            except TopicAlreadyExistsError:
+                pass  # raced with another creator: fine, the topic exists
+            for topic in new:
+                outcome[topic.name] = "created"
+                log.info("created topic %s", topic.name)
+        return outcome
+    finally:
+        admin.close()
+
+
+def describe_topics(kafka: KafkaConfig, topics: TopicsConfig) -> list[dict[str, Any]]:
+    """Partitions and the configs that matter, for each of the pipeline's topics."""
+    admin = make_admin(kafka)
+    try:
+        names = [topics.name(role) for role in topics.ROLES]
+        present = set(admin.list_topics())
+        rows: list[dict[str, Any]] = []
+        metadata = {t["name"]: t for t in admin.describe_topics([n for n in names if n in present])}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names if n in present]
+        configs: dict[str, dict[str, Any]] = {}
+        if resources:
+            configs = admin.describe_configs(resources).get("topic", {})
+        for role, name in zip(topics.ROLES, names, strict=True):
+            if name not in present:
+                rows.append({"role": role, "topic": name, "exists": False})
+                continue
+            conf = {key: entry.get("value") for key, entry in configs.get(name, {}).items()}
+            rows.append(
+                {
+                    "role": role,
+                    "topic": name,
+                    "exists": True,
+                    "partitions": len(metadata[name]["partitions"]),
+                    "cleanup.policy": conf.get("cleanup.policy"),
+                    "retention.ms": conf.get("retention.ms"),
+                    "max.message.bytes": conf.get("max.message.bytes"),
+                }
+            )
+        return rows
+    finally:
+        admin.close()
+
+
+def delete_topics(
+    kafka: KafkaConfig, topics: TopicsConfig, roles: list[str] | None = None
+) -> list[str]:
+    """Delete the pipeline's topics that exist; return the names deleted."""
+    roles = roles or list(topics.ROLES)
+    admin = make_admin(kafka)
+    try:
+        present = set(admin.list_topics())
+        names = [topics.name(r) for r in roles if topics.name(r) in present]
+        if names:
+            try:
+                admin.delete_topics(names)
+            except UnknownTopicOrPartitionError:
+                pass
+        return names
+    finally:
+        admin.close()

@@ -1,0 +1,251 @@
+"""The events that travel on the pipeline's topics, one pydantic model each.
+
+Every event carries `schema_version` and a `kind` tag; `Event` is the discriminated union of
+all of them and the codec decodes through it in one pass. Field names follow verl
+(`prompt_ids`, `response_ids`, `response_mask`, `response_logprobs`, `num_turns`,
+`reward_score`, `extra_fields` with `min_global_steps`/`max_global_steps`) so that code
+written against verl's `AgentLoopOutput` reads these unchanged.
+
+Invariants the models enforce:
+- a turn's, trajectory's or group's `min_global_steps <= max_global_steps`;
+- per-token arrays of one trajectory have equal lengths (`response_ids`, `response_mask`,
+  `response_logprobs`), and a turn's logprobs (when present) match its tokens;
+- `trajectory_id == f"{uid}/{sample_index}"`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.arrays import FloatArray, IntArray, MaskArray, arrays_equal
+
+SCHEMA_VERSION = 1
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChatMessage",
+    "Event",
+    "EventBase",
+    "ExtraFields",
+    "PolicyVersion",
+    "PromptEvent",
+    "ReplicaInfo",
+    "RewardModelSpec",
+    "ScoredTrajectory",
+    "TrainingGroup",
+    "TurnEvent",
+    "trajectory_id",
+]
+
+
+def trajectory_id(uid: str, sample_index: int) -> str:
+    """The deterministic id of one sample of one prompt."""
+    return f"{uid}/{sample_index}"
+
+
+def _now() -> float:
+    return time.time()
+
+
+class EventBase(BaseModel):
+    """Fields shared by every event: the schema version and when the event was made."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=False)
+
+    schema_version: Literal[1] = Field(
+        default=SCHEMA_VERSION, description="Version of the wire schema; bumped on breaking change."
+    )
+    created_at: float = Field(default_factory=_now, description="Unix time the event was made.")
+
+    def __eq__(self, other: object) -> bool:
+        if type(self) is not type(other):
+            return NotImplemented
+        assert isinstance(other, BaseModel)
+        return all(
+            arrays_equal(getattr(self, name), getattr(other, name))
+            for name in type(self).model_fields
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class ChatMessage(BaseModel):
+    """One chat message of a prompt, in the OpenAI/verl shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class RewardModelSpec(BaseModel):
+    """verl's `reward_model` column: how to score, and the reference answer."""
+
+    model_config = ConfigDict(extra="allow")
+
+    style: str = Field(default="rule", description="'rule' or 'model'.")
+    ground_truth: str | None = Field(default=None, description="Reference answer, if any.")
+
+
+class ExtraFields(BaseModel):
+    """verl's `extra_fields`: the policy versions a trajectory spanned, and free extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+    min_global_steps: int = Field(ge=0, description="Oldest policy version that produced a token.")
+    max_global_steps: int = Field(ge=0, description="Newest policy version that produced a token.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ExtraFields:
+        if self.min_global_steps > self.max_global_steps:
+            raise ValueError("min_global_steps must not exceed max_global_steps")
+        return self
+
+
+class PromptEvent(EventBase):
+    """A prompt to roll out `n` times (topic `rl.prompts`, key `uid`)."""
+
+    kind: Literal["prompt"] = "prompt"
+    uid: str = Field(min_length=1, description="Identity of the prompt; key on the topic.")
+    prompt: list[ChatMessage] = Field(min_length=1, description="Chat messages to complete.")
+    data_source: str = Field(min_length=1, description="Selects the rule-based scorer.")
+    reward_model: RewardModelSpec = Field(default_factory=RewardModelSpec)
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    ability: str | None = None
+    agent_name: str | None = Field(default=None, description="Agent loop to run; else default.")
+    n: int | None = Field(default=None, ge=1, le=1024, description="Samples; else configured n.")
+
+
+class TurnEvent(EventBase):
+    """One turn of one trajectory (topic `rl.turns`, key `trajectory_id`).
+
+    Assistant turns carry the sampled tokens with their logprobs (`loss_mask=1`); tool and
+    user turns carry the injected tokens (`loss_mask=0`). Turn 0 carries the prompt and what
+    the reward stage needs; the last turn has `final=True` and the trajectory's totals.
+    """
+
+    kind: Literal["turn"] = "turn"
+    trajectory_id: str
+    uid: str = Field(min_length=1)
+    sample_index: int = Field(ge=0)
+    attempt_id: str = Field(min_length=1, description="One run of this trajectory.")
+    turn_index: int = Field(ge=0)
+    role: Literal["assistant", "tool", "user"]
+    token_ids: IntArray
+    logprobs: FloatArray | None = None
+    min_global_steps: int = Field(ge=0)
+    max_global_steps: int = Field(ge=0)
+    stop_reason: str | None = Field(default=None, description="stop, length, abort, tool_calls…")
+    final: bool = False
+    # Turn 0 only: the prompt and what scoring needs.
+    prompt_ids: IntArray | None = None
+    data_source: str | None = None
+    reward_model: RewardModelSpec | None = None
+    extra_info: dict[str, Any] | None = None
+    agent_name: str | None = None
+    # Tool turns: what the tools returned besides tokens.
+    tool_reward: float | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    # Final turn only: totals over the trajectory.
+    num_turns: int | None = Field(default=None, ge=1)
+    response_length: int | None = Field(default=None, ge=0)
+    extra_fields: ExtraFields | None = None
+
+    @property
+    def loss_mask(self) -> int:
+        return 1 if self.role == "assistant" else 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TurnEvent:
+        if self.trajectory_id != trajectory_id(self.uid, self.sample_index):
+            raise ValueError("trajectory_id must be '{uid}/{sample_index}'")
+        if self.min_global_steps > self.max_global_steps:
+            raise ValueError("min_global_steps must not exceed max_global_steps")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError("logprobs and token_ids differ in length")
+        if self.final and (self.num_turns is None or self.extra_fields is None):
+            raise ValueError("the final turn must carry num_turns and extra_fields")
+        return self
+
+
+class ScoredTrajectory(EventBase):
+    """A complete, scored trajectory (topic `rl.scored`, key `uid`)."""
+
+    kind: Literal["scored"] = "scored"
+    uid: str = Field(min_length=1)
+    trajectory_id: str
+    sample_index: int = Field(ge=0)
+    attempt_id: str = Field(min_length=1)
+    data_source: str
+    prompt_ids: IntArray
+    response_ids: IntArray
+    response_mask: MaskArray
+    response_logprobs: FloatArray
+    num_turns: int = Field(ge=1, description="verl convention: a single-turn trajectory has 2.")
+    reward_score: float
+    reward_extra: dict[str, Any] = Field(default_factory=dict)
+    tool_rewards: list[float] = Field(default_factory=list)
+    turn_scores: list[float] = Field(default_factory=list)
+    extra_fields: ExtraFields
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScoredTrajectory:
+        if self.trajectory_id != trajectory_id(self.uid, self.sample_index):
+            raise ValueError("trajectory_id must be '{uid}/{sample_index}'")
+        n = len(self.response_ids)
+        if len(self.response_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError("response_ids, response_mask and response_logprobs differ in length")
+        return self
+
+
+class TrainingGroup(EventBase):
+    """The samples of one prompt with their advantages (topic `rl.replay`, key `uid`)."""
+
+    kind: Literal["group"] = "group"
+    uid: str = Field(min_length=1)
+    samples: list[ScoredTrajectory] = Field(min_length=1)
+    advantages: list[float]
+    min_global_steps: int = Field(ge=0)
+    max_global_steps: int = Field(ge=0)
+    emitted_at_version: int = Field(ge=0, description="Latest policy version when emitted.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingGroup:
+        if len(self.advantages) != len(self.samples):
+            raise ValueError("one advantage per sample")
+        if any(s.uid != self.uid for s in self.samples):
+            raise ValueError("every sample must belong to the group's uid")
+        if self.min_global_steps > self.max_global_steps:
+            raise ValueError("min_global_steps must not exceed max_global_steps")
+        return self
+
+
+class PolicyVersion(EventBase):
+    """A trained policy the replicas should load (topic `rl.policy`, compacted)."""
+
+    kind: Literal["policy"] = "policy"
+    version: int = Field(ge=0, description="The trainer's global step.")
+    path: str = Field(description="Checkpoint directory on shared storage.")
+    groups_trained: int = Field(default=0, ge=0, description="Training groups consumed so far.")
+    samples_trained: int = Field(default=0, ge=0, description="Samples consumed so far.")
+
+
+class ReplicaInfo(EventBase):
+    """A live inference replica (topic `rl.replicas`, key `replica_id`; tombstone on leave)."""
+
+    kind: Literal["replica"] = "replica"
+    replica_id: str = Field(min_length=1)
+    address: str = Field(description="Base URL, e.g. http://127.0.0.1:8100")
+    backend: str
+    model: str = ""
+    version: int = Field(default=0, ge=0)
+
+
+Event = Annotated[
+    PromptEvent | TurnEvent | ScoredTrajectory | TrainingGroup | PolicyVersion | ReplicaInfo,
+    Field(discriminator="kind"),
+]

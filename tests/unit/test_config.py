@@ -1,0 +1,115 @@
+"""Configuration: YAML < environment < CLI flags; wrong values name their field."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import ConfigError, load_config, parse_overrides
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("ROLLOUT_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults() -> None:
+    cfg = load_config()
+    assert cfg.kafka.bootstrap_servers == ["localhost:9092"]
+    assert cfg.topics.name("turns") == "rl.turns"
+    assert cfg.topics.spec("policy").cleanup_policy == "compact"
+    assert cfg.topics.spec("replicas").cleanup_policy == "compact"
+
+
+def test_precedence_yaml_env_cli(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "kafka:\n  bootstrap_servers: yaml:9092\n  client_id: fromyaml\n"
+        "topics:\n  prefix: exp.\n  prompts:\n    partitions: 8\n"
+    )
+    cfg = load_config(path)
+    assert cfg.kafka.bootstrap_servers == ["yaml:9092"]
+    assert cfg.topics.name("prompts") == "exp.prompts"
+    assert cfg.topics.prompts.partitions == 8
+
+    monkeypatch.setenv("ROLLOUT_KAFKA__BOOTSTRAP_SERVERS", "env1:9092,env2:9092")
+    cfg = load_config(path)
+    assert cfg.kafka.bootstrap_servers == ["env1:9092", "env2:9092"]
+    assert cfg.kafka.client_id == "fromyaml"  # untouched fields still come from YAML
+
+    cfg = load_config(path, parse_overrides(["kafka.bootstrap_servers=cli:1", "topics.prompts.partitions=2"]))
+    assert cfg.kafka.bootstrap_servers == ["cli:1"]
+    assert cfg.topics.prompts.partitions == 2
+    assert cfg.topics.prefix == "exp."
+
+
+def test_config_file_from_environment(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("topics:\n  prefix: viaenv.\n")
+    monkeypatch.setenv("ROLLOUT_CONFIG", str(path))
+    assert load_config().topics.prefix == "viaenv."
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["topics.prompts.partitions=0"], "topics.prompts.partitions"),
+        (["kafka.bootstrap_servers=nohostport"], "kafka.bootstrap_servers"),
+        (["kafka.security_protocol=SASL_SSL"], "kafka"),
+        (["kafka.unknown=1"], "kafka.unknown"),
+        (["nonsense=1"], "nonsense"),
+    ],
+)
+def test_wrong_values_name_the_field(overrides, field) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, parse_overrides(overrides))
+    assert field in str(info.value)
+
+
+def test_bad_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_parse_overrides() -> None:
+    assert parse_overrides(["a.b=3", "a.c=[x, y]", "d=text"]) == {"a": {"b": 3, "c": ["x", "y"]}, "d": "text"}
+    with pytest.raises(ConfigError):
+        parse_overrides(["novalue"])
+
+
+def test_security_settings_pass_through_and_secrets_stay_secret() -> None:
+    cfg = KafkaConfig(
+        bootstrap_servers="b1:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="trainer",
+        sasl_password="s3cret",
+        ssl_cafile="/etc/ca.pem",
+    )
+    kwargs = cfg.client_kwargs()
+    assert kwargs["sasl_plain_password"] == "s3cret"
+    assert kwargs["ssl_cafile"] == "/etc/ca.pem"
+    assert kwargs["security_protocol"] == "SASL_SSL"
+    assert "s3cret" not in repr(cfg)
+    assert "s3cret" not in cfg.model_dump_json()
+    plain = KafkaConfig().client_kwargs()
+    assert "sasl_plain_password" not in plain and "ssl_cafile" not in plain
+
+
+def test_topic_names_and_specs() -> None:
+    topics = TopicsConfig(prefix="x.")
+    assert set(topics.all_names().values()) == {
+        f"x.{r}" for r in ("prompts", "turns", "scored", "replay", "stale", "policy", "replicas", "dlq")
+    }
+    with pytest.raises(KeyError):
+        topics.name("nope")
+    with pytest.raises(ValueError, match="min_insync"):
+        TopicsConfig(replication_factor=1, min_insync_replicas=2)

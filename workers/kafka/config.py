@@ -1,0 +1,184 @@
+"""Kafka client settings and topic names: the one config every stage receives.
+
+`KafkaConfig` holds what any Kafka client needs (bootstrap servers, security protocol, SASL
+and SSL options) and turns it into keyword arguments for kafka-python and aiokafka, so every
+producer, consumer and admin client of every stage connects the same way from config alone.
+Secrets are `SecretStr`: they never appear in reprs, logs or the resolved config on disk.
+`TopicsConfig` names the topics (prefix + name) and how they are created.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+__all__ = ["KafkaConfig", "TopicSpec", "TopicsConfig"]
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaConfig(BaseModel):
+    """How to reach the Kafka cluster. Passed to every client of every stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # NoDecode: `ROLLOUT_KAFKA__BOOTSTRAP_SERVERS=a:9092,b:9092` is split below, not JSON-parsed.
+    bootstrap_servers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["localhost:9092"],
+        description="host:port of one or more brokers; a comma-separated string is accepted.",
+    )
+    client_id: str = Field(default="rollout", description="Prefix of every client's id.")
+    security_protocol: SecurityProtocol = Field(default="PLAINTEXT")
+    sasl_mechanism: SaslMechanism | None = Field(default=None, description="With SASL_* only.")
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = Field(default=None, description="CA bundle to verify the brokers.")
+    ssl_certfile: str | None = Field(default=None, description="Client certificate (mTLS).")
+    ssl_keyfile: str | None = None
+    ssl_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    max_request_size: int = Field(
+        default=16 * 1024 * 1024, ge=1024 * 1024, description="Largest message a producer sends."
+    )
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_port(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one bootstrap server is needed")
+        for server in value:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _sasl(self) -> KafkaConfig:
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism is None:
+                raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism")
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError("SASL needs sasl_username and sasl_password")
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.bootstrap_servers)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection settings for any kafka-python client (producer, consumer, admin)."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": list(self.bootstrap_servers),
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = _reveal(self.sasl_password)
+        if self.security_protocol.endswith("SSL"):
+            kwargs["ssl_cafile"] = self.ssl_cafile
+            kwargs["ssl_certfile"] = self.ssl_certfile
+            kwargs["ssl_keyfile"] = self.ssl_keyfile
+            kwargs["ssl_password"] = _reveal(self.ssl_password)
+            kwargs["ssl_check_hostname"] = self.ssl_check_hostname
+        return kwargs
+
+    def aiokafka_kwargs(self) -> dict[str, Any]:
+        """The same settings in aiokafka's (and faust's underlying client's) names."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = _reveal(self.sasl_password)
+        if self.security_protocol.endswith("SSL"):
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.ssl_cafile)
+            context.check_hostname = self.ssl_check_hostname
+            if self.ssl_certfile:
+                context.load_cert_chain(
+                    self.ssl_certfile, self.ssl_keyfile, _reveal(self.ssl_password)
+                )
+            kwargs["ssl_context"] = context
+        return kwargs
+
+
+def _reveal(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
+
+
+class TopicSpec(BaseModel):
+    """How one topic is created."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: int = Field(default=4, ge=1, le=10_000)
+    cleanup_policy: Literal["delete", "compact"] = "delete"
+    retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=-1, description="-1 keeps forever.")
+
+
+def _spec(**kwargs: Any) -> Any:
+    return Field(default_factory=lambda: TopicSpec(**kwargs))
+
+
+class TopicsConfig(BaseModel):
+    """Topic names (`prefix` + name) and how each is created."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str = Field(default="rl.", description="Prepended to every topic name.")
+    replication_factor: int = Field(default=1, ge=1, description="3 in production.")
+    min_insync_replicas: int = Field(default=1, ge=1, description="2 in production.")
+    max_message_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Largest message a topic accepts; long trajectories need MiBs.",
+    )
+    prompts: TopicSpec = _spec()
+    turns: TopicSpec = _spec()
+    scored: TopicSpec = _spec()
+    replay: TopicSpec = _spec()
+    stale: TopicSpec = _spec()
+    policy: TopicSpec = _spec(partitions=1, cleanup_policy="compact", retention_ms=-1)
+    replicas: TopicSpec = _spec(partitions=1, cleanup_policy="compact", retention_ms=-1)
+    dlq: TopicSpec = _spec(partitions=1, retention_ms=30 * 24 * 3600 * 1000)
+
+    @model_validator(mode="after")
+    def _isr(self) -> TopicsConfig:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError("min_insync_replicas cannot exceed replication_factor")
+        return self
+
+    ROLES: ClassVar[tuple[str, ...]] = (
+        "prompts", "turns", "scored", "replay", "stale", "policy", "replicas", "dlq",
+    )  # fmt: skip
+
+    def name(self, role: str) -> str:
+        """The full topic name of a role, e.g. `name("turns") == "rl.turns"`."""
+        if role not in self.ROLES:
+            raise KeyError(f"unknown topic role {role!r}")
+        return f"{self.prefix}{role}"
+
+    def spec(self, role: str) -> TopicSpec:
+        self.name(role)
+        spec: TopicSpec = getattr(self, role)
+        return spec
+
+    def all_names(self) -> dict[str, str]:
+        return {role: self.name(role) for role in self.ROLES}

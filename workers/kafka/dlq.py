@@ -1,0 +1,96 @@
+"""The dead-letter error policy every stage uses.
+
+`DeadLetterQueue.send(record, exc)` produces the record's original key and value to `rl.dlq`
+with headers naming the stage, source topic/partition/offset, error class, cause and message
+(`schemas.deadletter`). It returns the broker's future so the caller can commit the source
+offset only once the dead letter is acknowledged: a bad message is never silently dropped,
+and it never stops the stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.producer.future import FutureRecordMetadata
+
+from schemas.deadletter import DeadLetter
+
+__all__ = ["DeadLetterQueue"]
+
+log = logging.getLogger("rollout.dlq")
+
+
+class DeadLetterQueue:
+    """Routes records a stage cannot process to the dead-letter topic."""
+
+    def __init__(self, producer: KafkaProducer, topic: str, stage: str) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.stage = stage
+        self.count = 0
+
+    def send(
+        self, record: Any, exc: BaseException, *, cause: str | None = None
+    ) -> FutureRecordMetadata:
+        """Dead-letter a consumed record (anything with topic/partition/offset/key/value/headers)."""
+        letter = DeadLetter(
+            stage=self.stage,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error_class=type(exc).__name__,
+            error_cause=cause or getattr(exc, "cause", None) or "error",
+            error_message=str(exc) or repr(exc),
+            key=_as_bytes(record.key),
+            value=_as_bytes(record.value),
+            original_headers=list(record.headers or []),
+        )
+        return self.send_letter(letter)
+
+    def send_letter(self, letter: DeadLetter) -> FutureRecordMetadata:
+        self.count += 1
+        log.warning(
+            "dead-lettering %s[%d]@%d from stage %s: %s: %s",
+            letter.topic,
+            letter.partition,
+            letter.offset,
+            letter.stage,
+            letter.error_class,
+            letter.error_message[:200],
+        )
+        return self._producer.send(
+            self.topic, key=letter.key, value=letter.value, headers=letter.headers()
+        )
+
+    def send_value(
+        self,
+        *,
+        key: str | bytes | None,
+        value: bytes | None,
+        exc: BaseException,
+        source_topic: str = "",
+        cause: str | None = None,
+    ) -> FutureRecordMetadata:
+        """Dead-letter something that was never a consumed record (e.g. a dataset row)."""
+        letter = DeadLetter(
+            stage=self.stage,
+            topic=source_topic,
+            partition=-1,
+            offset=-1,
+            error_class=type(exc).__name__,
+            error_cause=cause or getattr(exc, "cause", None) or "error",
+            error_message=str(exc) or repr(exc),
+            key=_as_bytes(key),
+            value=value,
+        )
+        return self.send_letter(letter)
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    return data.encode()
+
+

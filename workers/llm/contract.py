@@ -1,0 +1,119 @@
+"""The replica contract: what every inference backend serves over HTTP.
+
+Token ids in; token ids, the sampled tokens' logprobs, a finish reason and the policy version
+out. OpenAI's shape where OpenAI has a word for it, vLLM's names elsewhere:
+
+    POST /v1/completions   CompletionRequest  -> CompletionResponse
+    POST /abort_requests   {"request_ids": [...]}          abort those requests (finish "abort")
+    POST /pause            ?mode=abort (default)           abort all in flight; new requests wait
+    POST /resume                                           let waiting requests run
+    GET  /is_paused        {"is_paused": bool}
+    POST /update_weights   UpdateWeightsRequest            pause, load, set version, resume
+    GET  /health           {"status": "ok", "version": int}
+    GET  /info             ReplicaStatus
+    GET  /metrics          Prometheus text (rollout_replica_* names, label replica)
+    GET  /v1/models
+
+A request that cannot be served (malformed JSON, unknown parameter, prompt past the context)
+gets a 4xx with `{"error": {"message", "type"}}`; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CompletionChoice",
+    "CompletionRequest",
+    "CompletionResponse",
+    "FinishReason",
+    "GenerateOutput",
+    "ReplicaStatus",
+    "SamplingParams",
+    "UpdateWeightsRequest",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters, with vLLM's names. Unknown names are an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(default=256, ge=1, description="Tokens to generate at most.")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="-1 disables top-k.")
+    seed: int | None = Field(default=None, description="Per-request RNG seed.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Finish 'stop' on these.")
+    ignore_eos: bool = False
+    logprobs: int | None = Field(
+        default=1, ge=0, description="Return the sampled tokens' logprobs when not None."
+    )
+
+
+class CompletionRequest(SamplingParams):
+    """`POST /v1/completions` body: a token-id prompt plus sampling parameters."""
+
+    model: str | None = None
+    prompt: list[int] = Field(min_length=1, description="Prompt token ids.")
+    request_id: str | None = Field(default=None, description="Id for abort; sticky routing key.")
+    return_token_ids: bool = True
+    stream: Literal[False] = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.model_validate(self.model_dump(include=set(SamplingParams.model_fields)))
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str = ""
+    token_ids: list[int]
+    logprobs: dict[str, list[float]] | None = Field(
+        default=None, description="{'token_logprobs': [...]} of the sampled tokens."
+    )
+    finish_reason: FinishReason
+    stop_reason: int | None = Field(default=None, description="The stop token id, if any.")
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: dict[str, int] = Field(default_factory=dict)
+    policy_version: int = Field(ge=0, description="Version of the weights that produced it.")
+
+
+class UpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Checkpoint directory (safetensors + config).")
+    version: int = Field(ge=0, description="Policy version these weights are.")
+
+
+class ReplicaStatus(BaseModel):
+    replica_id: str
+    backend: str
+    model: str
+    version: int
+    max_model_len: int
+    is_paused: bool = False
+    running: int = 0
+    waiting: int = 0
+
+
+class GenerateOutput(BaseModel):
+    """What the client returns to an agent loop: one generation, however many pieces it took."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    min_global_steps: int
+    max_global_steps: int
+    pieces: int = Field(default=1, description="Requests it took (1 + resumes).")
+    replicas: list[str] = Field(default_factory=list, description="Replica ids, in order.")
