@@ -134,6 +134,13 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.demo import run_demo
+
+    run_demo(cfg, prompts=args.prompts)
+    return 0
+
+
 # --- bench ---------------------------------------------------------------------------
 
 
@@ -209,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     arith.add_argument("--seed", type=int, default=0)
     arith.add_argument("--max-operand", type=int, default=20)
     arith.set_defaults(handler=cmd_data_arith)
+
+    demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
+    demo.add_argument("--prompts", type=int, default=64)
+    demo.set_defaults(handler=cmd_demo)
 
     bench = sub.add_parser("bench", help="Benchmarks; each prints one JSON object with --json.")
     bsub = bench.add_subparsers(dest="benchmark", required=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
+from kafka.serializer import DefaultSerializer
 
 from workers.kafka.config import KafkaConfig
 from workers.kafka.exceptions import KafkaUnavailableError
@@ -31,7 +32,7 @@ def make_producer(config: KafkaConfig, *, name: str = "producer", **overrides: A
         "enable_idempotence": True,
         "linger_ms": 5,
         "max_request_size": config.max_request_size,
-        "key_serializer": _key_bytes,
+        "key_serializer": DefaultSerializer(),  # str keys as UTF-8, bytes as they are
         "allow_auto_create_topics": False,
     }
     kwargs.update(overrides)
@@ -74,8 +75,3 @@ def make_admin(config: KafkaConfig, **overrides: Any) -> KafkaAdminClient:
     except KafkaError as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {config.bootstrap}: {exc}") from exc
 
-
-def _key_bytes(key: str | bytes | None) -> bytes | None:
-    if key is None or isinstance(key, bytes):
-        return key
-    return key.encode()

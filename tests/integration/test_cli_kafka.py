@@ -1,0 +1,94 @@
+"""The CLI against the real broker: kafka up/status/down, topics, produce, consume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from pipeline.data import arithmetic_rows, write_rows
+from tests.conftest import free_port, run_cli
+
+pytestmark = pytest.mark.kafka
+
+
+def test_kafka_up_is_idempotent_and_down_stops_it(tmp_path) -> None:
+    port = free_port()
+    env = {"ROLLOUT_HOME": str(tmp_path / "home")}
+    data = str(tmp_path / "data")
+    up = run_cli("kafka", "up", "--port", str(port), "--data-dir", data, env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"localhost:{port}"
+        assert "Kafka up at" in up.stderr and "s (pid" in up.stderr  # the time it took
+
+        again = run_cli("kafka", "up", "--port", str(port), "--data-dir", data, env=env)
+        assert again.returncode == 0 and "already running" in again.stderr
+
+        status = run_cli("kafka", "status", "--port", str(port), env=env)
+        assert status.returncode == 0
+        assert json.loads(status.stdout) | {"pid": 0} == json.loads(status.stdout) | {"pid": 0}
+        assert json.loads(status.stdout)["answering"] is True
+        assert json.loads(status.stdout)["managed"] is True
+
+        if shutil.which("kcat"):
+            listing = subprocess.run(
+                ["kcat", "-b", f"localhost:{port}", "-L"], capture_output=True, text=True, timeout=30
+            )
+            assert listing.returncode == 0 and "1 brokers" in listing.stdout
+    finally:
+        down = run_cli("kafka", "down", "--port", str(port), env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    after = run_cli("kafka", "status", "--port", str(port), env=env)
+    assert after.returncode == 1 and json.loads(after.stdout)["answering"] is False
+
+
+def test_topics_produce_and_consume(kafka_bootstrap, tmp_path, unique) -> None:
+    prefix = unique("cli") + "."
+    flags = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={prefix}"]
+    created = run_cli(*flags, "topics", "create")
+    assert created.returncode == 0, created.stderr
+    assert f"{prefix}prompts\tcreated" in created.stdout
+    assert f"{prefix}policy\tcreated" in created.stdout
+
+    described = [json.loads(line) for line in run_cli(*flags, "topics", "describe").stdout.splitlines()]
+    by_role = {row["role"]: row for row in described}
+    assert by_role["policy"]["cleanup.policy"] == "compact"
+    assert by_role["replicas"]["cleanup.policy"] == "compact"
+    assert by_role["turns"]["cleanup.policy"] == "delete"
+    assert int(by_role["turns"]["max.message.bytes"]) >= 8 * 1024 * 1024
+
+    rows = arithmetic_rows(12, seed=3)
+    path = tmp_path / "data.jsonl"
+    write_rows(rows, path)
+    with path.open("a") as fh:
+        fh.write("{not json\n")
+        fh.write(json.dumps({"prompt": [], "data_source": "openai/gsm8k"}) + "\n")
+    produced = run_cli(*flags, "produce", "--dataset", str(path), "--quiet")
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout.splitlines()[-1])["sent"] == 12
+    assert "skipped 2 invalid rows" in produced.stderr
+    assert "row 12: not valid JSON" in produced.stderr and "row 13: prompt" in produced.stderr
+
+    consumed = run_cli(*flags, "consume", "--topic", "prompts", "--limit", "12", "--timeout", "30")
+    assert consumed.returncode == 0, consumed.stderr
+    events = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert sorted(e["uid"] for e in events) == sorted(r["uid"] for r in rows)
+
+    if shutil.which("kcat"):
+        raw = subprocess.run(
+            ["kcat", "-b", kafka_bootstrap, "-C", "-t", f"{prefix}prompts", "-c", "1", "-e", "-q"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert json.loads(raw.stdout.splitlines()[0])["kind"] == "prompt"
+
+    deleted = run_cli(*flags, "topics", "delete")
+    assert f"{prefix}prompts\tdeleted" in deleted.stdout
+
+
+def test_wrong_config_fails_at_start_naming_the_field() -> None:
+    result = run_cli("--set", "kafka.bootstrap_servers=nohostport", "topics", "create")
+    assert result.returncode == 2
+    assert "kafka.bootstrap_servers" in result.stderr
