@@ -101,7 +101,9 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
     for error in report.errors[:20]:
         print(f"skipped {error}", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
-    _print_json({"sent": report.sent, "skipped": report.skipped, "seconds": round(report.seconds, 3)})
+    _print_json(
+        {"sent": report.sent, "skipped": report.skipped, "seconds": round(report.seconds, 3)}
+    )
     return 0
 
 
@@ -129,8 +131,81 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.data import arithmetic_rows, write_rows
 
-    path = write_rows(arithmetic_rows(args.n, seed=args.seed, max_operand=args.max_operand), args.out)
+    path = write_rows(
+        arithmetic_rows(args.n, seed=args.seed, max_operand=args.max_operand), args.out
+    )
     print(path)
+    return 0
+
+
+# --- model, replicas, workers ----------------------------------------------------
+
+
+def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.llm.model_init import init_model
+
+    out = init_model(args.out, preset=args.preset, seed=args.seed, reward_model=args.reward_model)
+    print(out)
+    return 0
+
+
+def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import socket
+
+    from schemas.events import ReplicaInfo
+    from workers.llm.replicas import get_backend
+    from workers.llm.replicas.registration import ReplicaRegistration
+
+    backend = get_backend(args.backend)
+    replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
+    advertised = (
+        args.advertise
+        or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '127.0.0.1') else args.host}:{args.port}"
+    )
+    registration = None
+    if args.register:
+        info = ReplicaInfo(
+            replica_id=replica_id,
+            address=advertised,
+            backend=args.backend,
+            model=args.model,
+            version=args.version,
+        )
+        registration = ReplicaRegistration(cfg.kafka, cfg.topics.name("replicas"), info)
+        registration.start()
+    extra: dict[str, Any] = {}
+    if args.backend == "hf":
+        extra["threads"] = args.threads
+    try:
+        result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
+    finally:
+        if registration is not None:
+            registration.leave()
+    return int(result or 0)
+
+
+def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import asyncio
+    import signal
+
+    from workers.agent_loop.worker import AgentLoopWorker
+
+    worker_cfg = cfg.agent_loop
+    if args.model:
+        worker_cfg = worker_cfg.model_copy(update={"model": args.model})
+    if args.replica:
+        worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
+    if not worker_cfg.model:
+        raise ConfigError("agent_loop.model (or --model) must name the model directory")
+
+    async def main() -> None:
+        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+    asyncio.run(main())
     return 0
 
 
@@ -152,6 +227,28 @@ def cmd_bench_serialization(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_router(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.llm.bench_router import run
+
+    _emit(run(replicas=args.replicas, ids=args.ids), args.json)
+    return 0
+
+
+def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import tempfile
+
+    from workers.llm.replicas.bench_engine import run
+
+    model = args.model
+    with tempfile.TemporaryDirectory() as tmp:
+        if model is None:
+            from workers.llm.model_init import init_model
+
+            model = str(init_model(Path(tmp) / "model", preset="tiny", seed=0))
+        _emit(run(model, concurrency=args.concurrency), args.json)
+    return 0
+
+
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         _print_json(result)
@@ -169,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="YAML config file (else $ROLLOUT_CONFIG).")
     parser.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="Override a config field, e.g. topics.prefix=exp1."
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Override a config field, e.g. topics.prefix=exp1.",
     )
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (kafka.bootstrap_servers).")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -177,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     kafka = sub.add_parser("kafka", help="Local Apache Kafka broker (KRaft, no Docker).")
     ksub = kafka.add_subparsers(dest="action", required=True)
-    up = ksub.add_parser("up", help="Start (or reuse) the local broker; prints the bootstrap address.")
+    up = ksub.add_parser(
+        "up", help="Start (or reuse) the local broker; prints the bootstrap address."
+    )
     up.add_argument("--port", type=int)
     up.add_argument("--data-dir")
     up.set_defaults(handler=cmd_kafka_up)
@@ -196,16 +298,24 @@ def build_parser() -> argparse.ArgumentParser:
     produce = sub.add_parser("produce", help="Produce a verl-format dataset to the prompts topic.")
     produce.add_argument("--dataset", required=True, help=".parquet, .jsonl or .json")
     produce.add_argument("--limit", type=int)
-    produce.add_argument("--rate", type=float, help="Prompts per second (default: as fast as possible).")
+    produce.add_argument(
+        "--rate", type=float, help="Prompts per second (default: as fast as possible)."
+    )
     produce.add_argument("--uid-prefix", help="Prefix of generated uids (default: file stem).")
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
     produce.set_defaults(handler=cmd_produce)
 
     consume = sub.add_parser("consume", help="Print a topic's events as JSON lines.")
-    consume.add_argument("--topic", default="prompts", help="A role (prompts, turns, …) or a topic name.")
-    consume.add_argument("--group", help="Consumer group (committed); default: none, from the start.")
+    consume.add_argument(
+        "--topic", default="prompts", help="A role (prompts, turns, …) or a topic name."
+    )
+    consume.add_argument(
+        "--group", help="Consumer group (committed); default: none, from the start."
+    )
     consume.add_argument("--limit", type=int)
-    consume.add_argument("--timeout", type=float, default=10.0, help="Stop after this many seconds.")
+    consume.add_argument(
+        "--timeout", type=float, default=10.0, help="Stop after this many seconds."
+    )
     consume.set_defaults(handler=cmd_consume)
 
     data = sub.add_parser("data", help="Generate datasets.")
@@ -216,6 +326,42 @@ def build_parser() -> argparse.ArgumentParser:
     arith.add_argument("--seed", type=int, default=0)
     arith.add_argument("--max-operand", type=int, default=20)
     arith.set_defaults(handler=cmd_data_arith)
+
+    model = sub.add_parser("model", help="The project's own tiny models.")
+    msub = model.add_subparsers(dest="action", required=True)
+    minit = msub.add_parser("init", help="Write a randomly initialised Qwen2 model + tokenizer.")
+    minit.add_argument("--out", required=True)
+    minit.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    minit.add_argument("--seed", type=int, default=0)
+    minit.add_argument(
+        "--reward-model", action="store_true", help="A sequence-classification head."
+    )
+    minit.set_defaults(handler=cmd_model_init)
+
+    replica = sub.add_parser("replica", help="Inference replicas.")
+    rsub = replica.add_subparsers(dest="action", required=True)
+    serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
+    serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
+    serve.add_argument("--model", required=True, help="Model directory.")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--replica-id")
+    serve.add_argument(
+        "--version", type=int, default=0, help="Policy version of the weights at start."
+    )
+    serve.add_argument("--threads", type=int, default=2, help="torch threads (hf).")
+    serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
+    serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
+    serve.set_defaults(handler=cmd_replica_serve)
+
+    worker = sub.add_parser("worker", help="Pipeline stages.")
+    wsub = worker.add_subparsers(dest="stage", required=True)
+    agent = wsub.add_parser("agent-loop", help="rl.prompts → agent loops → rl.turns.")
+    agent.add_argument("--model", help="Model directory for the tokenizer (agent_loop.model).")
+    agent.add_argument(
+        "--replica", action="append", help="Replica URL (repeat); default: discover."
+    )
+    agent.set_defaults(handler=cmd_worker_agent_loop)
 
     demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
     demo.add_argument("--prompts", type=int, default=64)
@@ -228,6 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
     ser.add_argument("--rounds", type=int, default=5)
     ser.add_argument("--json", action="store_true")
     ser.set_defaults(handler=cmd_bench_serialization)
+    router = bsub.add_parser("router", help="Balancer acquire+release pairs per second.")
+    router.add_argument("--replicas", type=int, default=8)
+    router.add_argument("--ids", type=int, default=10_000)
+    router.add_argument("--json", action="store_true")
+    router.set_defaults(handler=cmd_bench_router)
+    engine = bsub.add_parser("engine", help="hf engine: concurrent vs serial tokens/s.")
+    engine.add_argument("--model", help="Model directory (default: build the tiny model).")
+    engine.add_argument("--concurrency", type=int, default=16)
+    engine.add_argument("--json", action="store_true")
+    engine.set_defaults(handler=cmd_bench_engine)
 
     return parser
 

@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from schemas.errors import RolloutError
+from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 __all__ = ["ConfigError", "LocalKafkaConfig", "RunConfig", "load_config", "parse_overrides"]
@@ -66,6 +67,7 @@ class RunConfig(BaseSettings):
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     local_kafka: LocalKafkaConfig = Field(default_factory=LocalKafkaConfig)
     produce: ProduceConfig = Field(default_factory=ProduceConfig)
+    agent_loop: AgentLoopWorkerConfig = Field(default_factory=AgentLoopWorkerConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -108,7 +110,9 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
     """Load and validate the run's config; `ConfigError` names every wrong field."""
     path = path or os.environ.get("ROLLOUT_CONFIG")
     if path is not None and not Path(path).is_file():
@@ -130,7 +134,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise ConfigError(_describe(exc, path)) from exc
     except SettingsError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    return RunConfig.model_construct(**{name: getattr(run, name) for name in RunConfig.model_fields})
+    return RunConfig.model_construct(
+        **{name: getattr(run, name) for name in RunConfig.model_fields}
+    )
 
 
 def _describe(exc: ValidationError, path: str | Path | None) -> str:

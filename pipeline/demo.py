@@ -30,10 +30,14 @@ def run_demo(cfg: RunConfig, *, prompts: int = 64, out_root: str = "reports") ->
     out.mkdir(parents=True, exist_ok=True)
     started_port = None
     if "ROLLOUT_KAFKA__BOOTSTRAP_SERVERS" not in os.environ:
-        state = start_broker(cfg.local_kafka.port, cfg.local_kafka.data_dir, heap=cfg.local_kafka.heap)
+        state = start_broker(
+            cfg.local_kafka.port, cfg.local_kafka.data_dir, heap=cfg.local_kafka.heap
+        )
         if not state.reused:
             started_port = state.port
-        cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})})
+        cfg = cfg.model_copy(
+            update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})}
+        )
     topics = cfg.topics.model_copy(update={"prefix": f"demo-{stamp}."})
     try:
         created = create_topics(cfg.kafka, topics)
@@ -45,7 +49,11 @@ def run_demo(cfg: RunConfig, *, prompts: int = 64, out_root: str = "reports") ->
         seen: dict[str, object] = {}
         deadline = time.monotonic() + 60
         with EventStream(
-            cfg.kafka, [topics.name("prompts")], group_id=None, stage="demo", dlq_topic=topics.name("dlq")
+            cfg.kafka,
+            [topics.name("prompts")],
+            group_id=None,
+            stage="demo",
+            dlq_topic=topics.name("dlq"),
         ) as stream:
             while len(seen) < report.sent and time.monotonic() < deadline:
                 for item in stream.poll(timeout_ms=500):

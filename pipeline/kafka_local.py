@@ -102,7 +102,9 @@ def ensure_jars(*, quiet: bool = False) -> Path:
         print(f"resolving Kafka jars with Maven into {lib} (once)…", file=sys.stderr)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise KafkaUnavailableError(f"Maven could not resolve the Kafka jars:\n{result.stdout[-3000:]}")
+        raise KafkaUnavailableError(
+            f"Maven could not resolve the Kafka jars:\n{result.stdout[-3000:]}"
+        )
     (tmp / ".complete").write_text(str(time.time()))
     shutil.rmtree(lib, ignore_errors=True)
     tmp.replace(lib)
@@ -224,10 +226,12 @@ def start_broker(
                     "-t", _cluster_id(), "-c", str(props))  # fmt: skip
         result = subprocess.run(fmt, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise KafkaUnavailableError(f"formatting KRaft storage failed:\n{result.stdout}{result.stderr}")
+            raise KafkaUnavailableError(
+                f"formatting KRaft storage failed:\n{result.stdout}{result.stderr}"
+            )
         saved.write_text(str(controller_port))
 
-    logfile = open(data / "server.log", "ab")  # noqa: SIM115 - handed to the child
+    logfile = open(data / "server.log", "ab")
     proc = subprocess.Popen(
         _java(lib, "kafka.Kafka", str(props), heap=heap),
         stdout=logfile,
@@ -250,7 +254,9 @@ def start_broker(
             return state
         time.sleep(0.2)
     proc.kill()
-    raise KafkaUnavailableError(f"the broker did not answer within {timeout_s:.0f}s; see {data / 'server.log'}")
+    raise KafkaUnavailableError(
+        f"the broker did not answer within {timeout_s:.0f}s; see {data / 'server.log'}"
+    )
 
 
 def _cluster_id() -> str:

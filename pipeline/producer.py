@@ -96,8 +96,12 @@ class PromptProducer:
                 break
             number, row = item if _is_numbered(item) else (index, item)
             try:
-                event = row if isinstance(row, PromptEvent) else row_to_prompt(
-                    row, number, uid_prefix=uid_prefix, default_data_source=default_data_source
+                event = (
+                    row
+                    if isinstance(row, PromptEvent)
+                    else row_to_prompt(
+                        row, number, uid_prefix=uid_prefix, default_data_source=default_data_source
+                    )
                 )
             except RowError as exc:
                 report.skipped += 1

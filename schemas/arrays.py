@@ -56,13 +56,17 @@ def _validator(dtype: str) -> Any:
                 raise ValueError("expected integers, got floats")
             return value.astype(dtype)
         if isinstance(value, list | tuple):
-            if kind != "f" and any(not isinstance(v, int | np.integer) or isinstance(v, bool) for v in value):
+            if kind != "f" and any(
+                not isinstance(v, int | np.integer) or isinstance(v, bool) for v in value
+            ):
                 raise ValueError("expected a list of integers")
             try:
                 return np.asarray(value, dtype=dtype)
             except (OverflowError, ValueError) as exc:
                 raise ValueError(f"cannot convert to {dtype}: {exc}") from exc
-        raise ValueError(f"expected a base64 string or a list of numbers, got {type(value).__name__}")
+        raise ValueError(
+            f"expected a base64 string or a list of numbers, got {type(value).__name__}"
+        )
 
     return coerce
 
@@ -72,9 +76,7 @@ def _field(dtype: str, description: str) -> Any:
         np.ndarray,
         BeforeValidator(_validator(dtype)),
         PlainSerializer(lambda a: pack(a, dtype), return_type=str, when_used="json"),
-        WithJsonSchema(
-            {"type": "string", "contentEncoding": "base64", "description": description}
-        ),
+        WithJsonSchema({"type": "string", "contentEncoding": "base64", "description": description}),
     ]
 
 

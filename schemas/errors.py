@@ -1,8 +1,8 @@
 """The project's exception root and the schema layer's errors.
 
-    RolloutError                      every error the project raises on purpose
-    ├── DecodeError                   bytes that are not a valid event (→ dead-letter topic)
-    └── (each subpackage's exceptions module adds its own)
+RolloutError                      every error the project raises on purpose
+├── DecodeError                   bytes that are not a valid event (→ dead-letter topic)
+└── (each subpackage's exceptions module adds its own)
 """
 
 from __future__ import annotations

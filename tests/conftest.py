@@ -86,7 +86,9 @@ def topic_factory(kafka_config: KafkaConfig, unique: Callable[[str], str]) -> Ca
     return create
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run `rollout …` as a real subprocess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
@@ -98,3 +100,72 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
         cwd=REPO,
         check=False,
     )
+
+
+# --- models and replicas --------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's tiny Qwen2 model + tokenizer, built once per session."""
+    from workers.llm.model_init import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
+
+
+class ReplicaProcess:
+    """A real `rollout replica serve --backend hf` subprocess on a free port."""
+
+    def __init__(self, model: Path, replica_id: str, log_dir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.replica_id = replica_id
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.log = log_dir / f"{replica_id}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "hf",
+             "--model", str(model), "--port", str(self.port), "--replica-id", replica_id,
+             "--threads", "1", *extra],
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+
+    def wait_healthy(self, timeout_s: float = 120.0) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"replica exited: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.address + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"replica {self.replica_id} not healthy: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def hf_replicas(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[ReplicaProcess]]:
+    """Two real hf replicas serving the tiny model, shared by the session's tests."""
+    logs = tmp_path_factory.mktemp("replica-logs")
+    replicas = [ReplicaProcess(tiny_model, f"hf-{i}", logs) for i in range(2)]
+    try:
+        for rep in replicas:
+            rep.wait_healthy()
+        yield replicas
+    finally:
+        for rep in replicas:
+            rep.stop()

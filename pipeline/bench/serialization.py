@@ -73,7 +73,9 @@ def _rate(fn: Any, seconds: float) -> float:
             return count / (now - started)
 
 
-def run(tokens: int = 4096, rounds: int = 5, seconds_per_round: float = 0.4, seed: int = 0) -> dict[str, Any]:
+def run(
+    tokens: int = 4096, rounds: int = 5, seconds_per_round: float = 0.4, seed: int = 0
+) -> dict[str, Any]:
     event = _event(tokens, seed)
     packed_bytes = encode(event)
     assert decode(packed_bytes) == event

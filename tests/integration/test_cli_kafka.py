@@ -35,7 +35,10 @@ def test_kafka_up_is_idempotent_and_down_stops_it(tmp_path) -> None:
 
         if shutil.which("kcat"):
             listing = subprocess.run(
-                ["kcat", "-b", f"localhost:{port}", "-L"], capture_output=True, text=True, timeout=30
+                ["kcat", "-b", f"localhost:{port}", "-L"],
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
             assert listing.returncode == 0 and "1 brokers" in listing.stdout
     finally:
@@ -53,7 +56,9 @@ def test_topics_produce_and_consume(kafka_bootstrap, tmp_path, unique) -> None:
     assert f"{prefix}prompts\tcreated" in created.stdout
     assert f"{prefix}policy\tcreated" in created.stdout
 
-    described = [json.loads(line) for line in run_cli(*flags, "topics", "describe").stdout.splitlines()]
+    described = [
+        json.loads(line) for line in run_cli(*flags, "topics", "describe").stdout.splitlines()
+    ]
     by_role = {row["role"]: row for row in described}
     assert by_role["policy"]["cleanup.policy"] == "compact"
     assert by_role["replicas"]["cleanup.policy"] == "compact"

@@ -30,7 +30,9 @@ def test_every_schema_round_trips_through_the_broker(kafka_config, topic_factory
     producer = make_producer(kafka_config)
     for event in events:
         key = getattr(event, "uid", None) or getattr(event, "replica_id", None) or "policy"
-        producer.send(topic, key=key, value=encode(event), headers=headers_for(event)).get(timeout=30)
+        producer.send(topic, key=key, value=encode(event), headers=headers_for(event)).get(
+            timeout=30
+        )
     producer.close()
 
     consumer = make_consumer(kafka_config, topic, group_id=None)
@@ -44,14 +46,23 @@ def test_every_schema_round_trips_through_the_broker(kafka_config, topic_factory
         assert headers["rl.schema_version"] == b"1"
 
 
-def test_malformed_message_lands_in_dlq_and_the_next_is_processed(kafka_config, topics_config) -> None:
+def test_malformed_message_lands_in_dlq_and_the_next_is_processed(
+    kafka_config, topics_config
+) -> None:
     source = topics_config.name("prompts")
     dlq = topics_config.name("dlq")
-    valid = PromptEvent(uid="ok-1", prompt=[{"role": "user", "content": "hi"}], data_source="openai/gsm8k")
+    valid = PromptEvent(
+        uid="ok-1", prompt=[{"role": "user", "content": "hi"}], data_source="openai/gsm8k"
+    )
     wrong_kind = make_events()[5]  # a PolicyVersion does not belong on the prompts topic
 
     producer = make_producer(kafka_config)
-    producer.send(source, key="bad-1", value=b'{"schema_version": 1, "kind": "prompt", "uid": ', headers=[("trace", b"t1")])
+    producer.send(
+        source,
+        key="bad-1",
+        value=b'{"schema_version": 1, "kind": "prompt", "uid": ',
+        headers=[("trace", b"t1")],
+    )
     producer.send(source, key="bad-2", value=encode(wrong_kind))
     producer.send(source, key="ok-1", value=encode(valid), headers=headers_for(valid))
     producer.flush()
@@ -59,7 +70,12 @@ def test_malformed_message_lands_in_dlq_and_the_next_is_processed(kafka_config, 
 
     received = []
     with EventStream(
-        kafka_config, [source], group_id="dlq-test", stage="test-stage", dlq_topic=dlq, kinds=(PromptEvent,)
+        kafka_config,
+        [source],
+        group_id="dlq-test",
+        stage="test-stage",
+        dlq_topic=dlq,
+        kinds=(PromptEvent,),
     ) as stream:
         deadline = time.monotonic() + 30
         while not received and time.monotonic() < deadline:

@@ -21,7 +21,9 @@ def test_kafka_service_is_a_kraft_single_node() -> None:
     assert int(voter_id) == node
     # Every listener named is mapped to a protocol, and the controller's port is a listener.
     protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
-    listeners = {item.split("://")[0]: item.split(":")[-1] for item in env["KAFKA_LISTENERS"].split(",")}
+    listeners = {
+        item.split("://")[0]: item.split(":")[-1] for item in env["KAFKA_LISTENERS"].split(",")
+    }
     assert set(listeners) <= set(protocols)
     assert listeners["CONTROLLER"] == voter.split(":")[1]
     for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","):

@@ -41,7 +41,9 @@ def test_precedence_yaml_env_cli(tmp_path, monkeypatch) -> None:
     assert cfg.kafka.bootstrap_servers == ["env1:9092", "env2:9092"]
     assert cfg.kafka.client_id == "fromyaml"  # untouched fields still come from YAML
 
-    cfg = load_config(path, parse_overrides(["kafka.bootstrap_servers=cli:1", "topics.prompts.partitions=2"]))
+    cfg = load_config(
+        path, parse_overrides(["kafka.bootstrap_servers=cli:1", "topics.prompts.partitions=2"])
+    )
     assert cfg.kafka.bootstrap_servers == ["cli:1"]
     assert cfg.topics.prompts.partitions == 2
     assert cfg.topics.prefix == "exp."
@@ -80,7 +82,10 @@ def test_bad_files(tmp_path) -> None:
 
 
 def test_parse_overrides() -> None:
-    assert parse_overrides(["a.b=3", "a.c=[x, y]", "d=text"]) == {"a": {"b": 3, "c": ["x", "y"]}, "d": "text"}
+    assert parse_overrides(["a.b=3", "a.c=[x, y]", "d=text"]) == {
+        "a": {"b": 3, "c": ["x", "y"]},
+        "d": "text",
+    }
     with pytest.raises(ConfigError):
         parse_overrides(["novalue"])
 
@@ -107,7 +112,8 @@ def test_security_settings_pass_through_and_secrets_stay_secret() -> None:
 def test_topic_names_and_specs() -> None:
     topics = TopicsConfig(prefix="x.")
     assert set(topics.all_names().values()) == {
-        f"x.{r}" for r in ("prompts", "turns", "scored", "replay", "stale", "policy", "replicas", "dlq")
+        f"x.{r}"
+        for r in ("prompts", "turns", "scored", "replay", "stale", "policy", "replicas", "dlq")
     }
     with pytest.raises(KeyError):
         topics.name("nope")

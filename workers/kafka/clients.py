@@ -23,7 +23,9 @@ __all__ = ["make_admin", "make_consumer", "make_producer"]
 log = logging.getLogger("rollout.kafka")
 
 
-def make_producer(config: KafkaConfig, *, name: str = "producer", **overrides: Any) -> KafkaProducer:
+def make_producer(
+    config: KafkaConfig, *, name: str = "producer", **overrides: Any
+) -> KafkaProducer:
     """An idempotent, acks=all producer of raw bytes (keys are str or bytes)."""
     kwargs: dict[str, Any] = {
         **config.client_kwargs(),
@@ -39,7 +41,9 @@ def make_producer(config: KafkaConfig, *, name: str = "producer", **overrides: A
     try:
         return KafkaProducer(**kwargs)
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot create producer for {config.bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(
+            f"cannot create producer for {config.bootstrap}: {exc}"
+        ) from exc
 
 
 def make_consumer(
@@ -64,7 +68,9 @@ def make_consumer(
     try:
         return KafkaConsumer(*topics, **kwargs)
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot create consumer for {config.bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(
+            f"cannot create consumer for {config.bootstrap}: {exc}"
+        ) from exc
 
 
 def make_admin(config: KafkaConfig, **overrides: Any) -> KafkaAdminClient:
@@ -74,4 +80,3 @@ def make_admin(config: KafkaConfig, **overrides: Any) -> KafkaAdminClient:
         return KafkaAdminClient(**kwargs)
     except KafkaError as exc:
         raise KafkaUnavailableError(f"cannot reach Kafka at {config.bootstrap}: {exc}") from exc
-

@@ -92,5 +92,3 @@ def _as_bytes(data: str | bytes | None) -> bytes | None:
     if data is None or isinstance(data, bytes):
         return data
     return data.encode()
-
-

@@ -1,9 +1,9 @@
 """Errors of the Kafka plumbing.
 
-    RolloutError
-    └── KafkaPlumbingError
-        ├── KafkaUnavailableError     the cluster cannot be reached (retryable)
-        └── DeliveryError             the broker did not acknowledge an output
+RolloutError
+└── KafkaPlumbingError
+    ├── KafkaUnavailableError     the cluster cannot be reached (retryable)
+    └── DeliveryError             the broker did not acknowledge an output
 """
 
 from __future__ import annotations

@@ -65,7 +65,9 @@ class CompletionRequest(SamplingParams):
     stream: Literal[False] = False
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams.model_validate(self.model_dump(include=set(SamplingParams.model_fields)))
+        return SamplingParams.model_validate(
+            self.model_dump(include=set(SamplingParams.model_fields))
+        )
 
 
 class CompletionChoice(BaseModel):

@@ -1,0 +1,450 @@
+"""The LLM client: one `generate` call = one complete generation, however often it is interrupted.
+
+Contract (what an agent loop may rely on):
+    `await client.generate(request_id, prompt_ids, sampling_params) -> GenerateOutput` returns only
+    after a real finish (`stop`, or `length` once `max_tokens` is spent, or the replica's own
+    `length` at its context limit). A piece that ends with `abort` (pause for a weight update,
+    an explicit abort) or a replica that fails (connection error, 5xx, timeout, broken response)
+    is resumed: prompt + tokens so far are re-sent with the remaining token budget, on the same
+    replica while it is healthy (sticky by `request_id`), else on another. Tokens and logprobs of
+    every piece are concatenated in order; `min/max_global_steps` are the min/max policy versions
+    of the pieces that produced tokens.
+
+Retry policy:
+    - aborts that made progress, or came while the replica is paused: resumed without limit;
+    - failures, and aborts without progress on an unpaused replica: at most `max_retries` in a
+      row (a piece that produces tokens resets the count), with exponential backoff and jitter; a failed request is followed by a `/health` probe of its
+      replica, which is dropped from routing at once if the probe fails too;
+    - 4xx: never retried, `BadRequestError` with the server's message;
+    - every generation is capped at `max_total_time_s` of wall time (`GenerationTimeoutError`).
+
+Replicas join and leave at run time (`add_replicas` / `remove_replicas`, fed later from the
+`rl.replicas` topic). A background task probes `/health` of every known replica every
+`health_interval_s` (`workers.llm.health`): `health_failures` consecutive failures take a
+replica out of routing, one success brings it back. Cancelling a `generate` aborts its request on the replica (best effort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workers.llm.balancer import Balancer, Replica, Routing
+from workers.llm.contract import (
+    CompletionChoice,
+    CompletionResponse,
+    GenerateOutput,
+    SamplingParams,
+)
+from workers.llm.exceptions import (
+    RETRYABLE_ERRORS,
+    BadRequestError,
+    ClientClosedError,
+    GenerationTimeoutError,
+    NoReplicaError,
+    ReplicaError,
+    ReplicaServerError,
+    ReplicaTimeoutError,
+    ReplicaUnavailableError,
+    RetriesExhaustedError,
+)
+from workers.llm.health import HealthChecker
+
+__all__ = ["ClientState", "LLMClient", "LLMClientConfig", "ReplicaLike"]
+
+logger = logging.getLogger("rollout.llm.client")
+_JSON = {"Content-Type": "application/json"}
+
+
+class _ReplicaInfoLike(Protocol):
+    replica_id: str
+    address: str
+    version: int
+
+
+ReplicaLike = Replica | _ReplicaInfoLike | str
+"""A `Replica`, a `schemas.ReplicaInfo` (from `rl.replicas`), or a base URL (used as its id)."""
+
+
+class LLMClientConfig(BaseModel):
+    """Settings of `LLMClient` (timeouts, retries, routing, health checks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(default=None, description="`model` sent with each request.")
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout.")
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="Total time one piece (one HTTP request) may take."
+    )
+    max_total_time_s: float = Field(
+        default=3600.0, gt=0, description="Wall-time cap of one generate call, all pieces."
+    )
+    max_retries: int = Field(
+        default=5,
+        ge=0,
+        description="Failures in a row tolerated per generate call (progress resets the count).",
+    )
+    backoff_initial_s: float = Field(default=0.1, gt=0, description="First retry delay.")
+    backoff_max_s: float = Field(default=5.0, gt=0, description="Largest retry delay.")
+    backoff_multiplier: float = Field(default=2.0, ge=1.0, description="Delay growth per failure.")
+    backoff_jitter: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="Random extra delay, as a fraction of it."
+    )
+    no_replica_wait_s: float = Field(
+        default=30.0, ge=0, description="How long to wait for a routable replica before failing."
+    )
+    sticky_size: int = Field(
+        default=65536, ge=1, description="Entries of the sticky id->replica LRU."
+    )
+    deterministic: bool = Field(
+        default=False, description="Break routing ties by a stable hash of the request id."
+    )
+    routing: Routing = Field(
+        default="sticky",
+        description="`sticky` (sticky LRU, then least in-flight) or `round_robin` (a baseline).",
+    )
+    health_interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between /health probes of every known replica."
+    )
+    health_timeout_s: float = Field(default=2.0, gt=0, description="Timeout of one /health probe.")
+    health_failures: int = Field(
+        default=3, ge=1, description="Consecutive failed probes that take a replica out."
+    )
+    max_connections: int = Field(
+        default=0, ge=0, description="Open HTTP connections in total; 0 means no limit."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LLMClientConfig:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        return self
+
+
+class ClientState(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def _to_replica(item: ReplicaLike) -> Replica:
+    if isinstance(item, Replica):
+        return item
+    if isinstance(item, str):
+        return Replica(item.rstrip("/"), item)
+    return Replica(item.replica_id, item.address, item.version)
+
+
+def _error_message(raw: bytes) -> tuple[str, str]:
+    try:
+        err = orjson.loads(raw)["error"]
+        return str(err.get("message", "")), str(err.get("type", ""))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return raw[:500].decode(errors="replace"), ""
+
+
+class _Progress:
+    """What one generation has so far (mutable, private to one `generate` call)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []  # of pieces that produced tokens
+        self.last_version: int | None = None
+        self.replicas: list[str] = []
+        self.pieces = 0
+
+    def output(self, finish: str) -> GenerateOutput:
+        vs = self.versions or ([self.last_version] if self.last_version is not None else [0])
+        return GenerateOutput(
+            token_ids=self.tokens,
+            logprobs=self.logprobs,
+            finish_reason=finish,  # type: ignore[arg-type]
+            min_global_steps=min(vs),
+            max_global_steps=max(vs),
+            pieces=self.pieces,
+            replicas=self.replicas,
+        )
+
+
+class LLMClient:
+    """Resumable generation over a changing set of replicas. Use as `async with LLMClient(...)`."""
+
+    def __init__(
+        self, config: LLMClientConfig | None = None, replicas: Iterable[ReplicaLike] = ()
+    ) -> None:
+        self.config = config or LLMClientConfig()
+        self.balancer = Balancer(
+            sticky_size=self.config.sticky_size,
+            deterministic=self.config.deterministic,
+            routing=self.config.routing,
+        )
+        self.state = ClientState.NEW
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._routable = asyncio.Event()
+        self.health = HealthChecker(
+            self.balancer,
+            timeout_s=self.config.health_timeout_s,
+            failures=self.config.health_failures,
+            on_routable=self._routable.set,
+        )
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("generations", "pieces", "resumes", "failures", "aborts"), 0
+        )
+        self.add_replicas(replicas)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> LLMClient:
+        if self.state is not ClientState.NEW:
+            raise ClientClosedError(f"client is {self.state.value}; create a new one")
+        cfg = self.config
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_connections),
+            timeout=aiohttp.ClientTimeout(
+                total=cfg.request_timeout_s, sock_connect=cfg.connect_timeout_s
+            ),
+        )
+        self.health.session = self._session
+        self.state = ClientState.OPEN
+        self._health_task = asyncio.create_task(
+            self.health.run(cfg.health_interval_s), name="llm-client-health"
+        )
+        return self
+
+    async def close(self) -> None:
+        if self.state is ClientState.CLOSED:
+            return
+        self.state = ClientState.CLOSED
+        tasks = [t for t in (self._health_task, *self._background) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> LLMClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- membership --------------------------------------------------------------------------
+
+    def add_replicas(self, replicas: Iterable[ReplicaLike]) -> list[Replica]:
+        added = self.balancer.add_replicas(_to_replica(r) for r in replicas)
+        if self.balancer.routable():
+            self._routable.set()
+        return added
+
+    def remove_replicas(self, replicas: Iterable[ReplicaLike]) -> list[Replica]:
+        ids = [r if isinstance(r, str) else r.replica_id for r in replicas]
+        for rid in ids:
+            self.health.forget(rid)
+        return self.balancer.remove_replicas(ids)
+
+    # ---- generation --------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+    ) -> GenerateOutput:
+        """Generate until a real finish, resuming across aborts and replica failures."""
+        if self.state is not ClientState.OPEN:
+            raise ClientClosedError(f"client is {self.state.value}")
+        params = (
+            sampling_params
+            if isinstance(sampling_params, SamplingParams)
+            else SamplingParams.model_validate(sampling_params or {})
+        )
+        body = params.model_dump()
+        budget = params.max_tokens
+        want_logprobs = params.logprobs is not None
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.max_total_time_s
+        got = _Progress()
+        failures = 0
+        last_error: BaseException | None = None
+        self.counters["generations"] += 1
+        while True:
+            if self.state is not ClientState.OPEN:
+                raise ClientClosedError(f"{request_id}: client closed during generation")
+            remaining = budget - len(got.tokens)
+            if remaining <= 0:
+                return got.output("length")
+            if loop.time() >= deadline:
+                raise GenerationTimeoutError(
+                    f"{request_id}: over max_total_time_s={cfg.max_total_time_s}",
+                    partial=got.output("abort"),
+                )
+            rep = await self._acquire(request_id, deadline, got)
+            try:
+                body.update(
+                    prompt=[*prompt_ids, *got.tokens], max_tokens=remaining, request_id=request_id
+                )
+                version, choice = await self._complete(rep, body, deadline - loop.time())
+            except RETRYABLE_ERRORS as exc:
+                failures += 1
+                last_error = exc
+                self.counters["failures"] += 1
+                logger.warning(
+                    "generate %s: %s on replica %s (failure %d/%d)",
+                    request_id,
+                    type(exc).__name__,
+                    rep.replica_id,
+                    failures,
+                    cfg.max_retries,
+                )
+            else:
+                got.pieces += 1
+                self.counters["pieces"] += 1
+                got.replicas.append(rep.replica_id)
+                got.last_version = version
+                n = len(choice.token_ids)
+                lps = (choice.logprobs or {}).get("token_logprobs", []) if want_logprobs else []
+                if want_logprobs and len(lps) != n:
+                    failures += 1
+                    last_error = ReplicaServerError(
+                        f"{len(lps)} logprobs for {n} tokens", replica_id=rep.replica_id
+                    )
+                elif n or choice.finish_reason != "abort":
+                    got.tokens.extend(choice.token_ids)
+                    got.logprobs.extend(lps)
+                    if n:
+                        got.versions.append(version)
+                        failures = 0  # progress: only failures in a row are bounded
+                    if choice.finish_reason != "abort":
+                        return got.output(choice.finish_reason)
+                    self.counters["resumes"] += 1
+                    logger.debug("generate %s: resumed after abort with %d tokens", request_id, n)
+                    continue
+                else:
+                    self.counters["aborts"] += 1
+                    if await self.health.is_paused(rep):
+                        # a paused replica holds the re-sent request until resume; the short
+                        # sleep only guards against a backend that aborts waiting requests too
+                        await asyncio.sleep(cfg.backoff_initial_s)
+                        continue
+                    failures += 1
+                    last_error = None
+            finally:
+                self.balancer.release(rep, request_id)
+            if failures > cfg.max_retries:
+                raise RetriesExhaustedError(
+                    f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
+                    f"last: {last_error!r}",
+                    last_error=last_error,
+                    partial=got.output("abort"),
+                ) from last_error
+            if isinstance(last_error, ReplicaError):
+                await self.health.check_after_failure(rep)
+            delay = min(
+                cfg.backoff_max_s, cfg.backoff_initial_s * cfg.backoff_multiplier ** (failures - 1)
+            )
+            delay *= 1.0 + cfg.backoff_jitter * random.random()
+            await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+
+    async def _acquire(self, request_id: str, deadline: float, got: _Progress) -> Replica:
+        loop = asyncio.get_running_loop()
+        until = min(deadline, loop.time() + self.config.no_replica_wait_s)
+        while True:
+            try:
+                return self.balancer.acquire(request_id)
+            except NoReplicaError:
+                left = until - loop.time()
+                if left <= 0:
+                    known = [r.replica_id for r in self.balancer.replicas()]
+                    raise NoReplicaError(
+                        f"{request_id}: no routable replica within {self.config.no_replica_wait_s}s "
+                        f"(known, all unhealthy: {known}); {len(got.tokens)} tokens so far"
+                    ) from None
+                self._routable.clear()
+                try:
+                    await asyncio.wait_for(self._routable.wait(), left)
+                except TimeoutError:
+                    pass
+
+    async def _complete(
+        self, rep: Replica, body: dict[str, Any], time_left: float
+    ) -> tuple[int, CompletionChoice]:
+        """One HTTP request; maps every transport problem onto the exception tree."""
+        assert self._session is not None
+        cfg = self.config
+        timeout = aiohttp.ClientTimeout(
+            total=max(0.001, min(cfg.request_timeout_s, time_left)),
+            sock_connect=cfg.connect_timeout_s,
+        )
+        rid = body.get("request_id", "")
+        try:
+            async with self._session.post(
+                f"{rep.address}/v1/completions",
+                data=orjson.dumps(body),
+                headers=_JSON,
+                timeout=timeout,
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except TimeoutError as exc:
+            self._abort_soon(rep, rid)
+            raise ReplicaTimeoutError(
+                f"no answer in {timeout.total:.1f}s", replica_id=rep.replica_id
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise ReplicaUnavailableError(
+                f"{type(exc).__name__}: {exc}", replica_id=rep.replica_id
+            ) from exc
+        except asyncio.CancelledError:
+            self._abort_soon(rep, rid)
+            raise
+        if status == 200:
+            try:
+                out = CompletionResponse.model_validate_json(raw)
+                return out.policy_version, out.choices[0]
+            except (ValidationError, IndexError) as exc:
+                raise ReplicaServerError(
+                    f"response breaks the contract: {exc}", replica_id=rep.replica_id, status=status
+                ) from exc
+        message, error_type = _error_message(raw)
+        if status >= 500 or status in (408, 429):
+            raise ReplicaServerError(message, replica_id=rep.replica_id, status=status)
+        raise BadRequestError(
+            message, status=status, error_type=error_type, replica_id=rep.replica_id
+        )
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every known replica once and update routing; returns replica id -> healthy."""
+        return await self.health.check_all()
+
+    def _abort_soon(self, rep: Replica, request_id: str) -> None:
+        """Best effort: tell the replica to stop a request we no longer wait for."""
+        if not request_id or self._session is None or self._session.closed:
+            return
+
+        async def abort() -> None:
+            assert self._session is not None
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+                payload = orjson.dumps({"request_ids": [request_id]})
+                async with self._session.post(
+                    f"{rep.address}/abort_requests", data=payload, headers=_JSON, timeout=timeout
+                ):
+                    pass
+            except (aiohttp.ClientError, TimeoutError):
+                logger.debug("abort of %s on %s failed", request_id, rep.replica_id)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

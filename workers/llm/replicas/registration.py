@@ -1,0 +1,88 @@
+"""A replica's presence on the compacted replicas topic.
+
+On start the replica registers a `ReplicaInfo` (id, address, backend, version) keyed by its
+id, once its `/health` answers; on a clean stop it leaves a tombstone (null value, same key),
+so log compaction forgets it and every router drops it. A replica that dies without a
+tombstone stays listed until routers' health checks drop it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+
+from schemas.codec import encode, headers_for
+from schemas.events import ReplicaInfo
+from workers.kafka.clients import make_producer
+from workers.kafka.config import KafkaConfig
+
+__all__ = ["ReplicaRegistration"]
+
+log = logging.getLogger("rollout.llm.registration")
+
+
+class ReplicaRegistration:
+    """Register when healthy (in a background thread); tombstone on `leave()`."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str, info: ReplicaInfo) -> None:
+        self.kafka = kafka
+        self.topic = topic
+        self.info = info
+        self.registered = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 600.0) -> None:
+        self._thread = threading.Thread(target=self._register, args=(timeout_s,), daemon=True)
+        self._thread.start()
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.info.address}/health", timeout=2) as resp:
+                body = json.loads(resp.read() or b"{}")
+                self.info = self.info.model_copy(
+                    update={"version": int(body.get("version", self.info.version))}
+                )
+                return resp.status == 200
+        except (OSError, ValueError):
+            return False
+
+    def _register(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self._healthy():
+                self.publish(self.info)
+                self.registered.set()
+                log.info(
+                    "registered replica %s at %s on %s",
+                    self.info.replica_id,
+                    self.info.address,
+                    self.topic,
+                )
+                return
+            self._stop.wait(0.5)
+        if not self._stop.is_set():
+            log.error("replica %s never became healthy; not registered", self.info.replica_id)
+
+    def publish(self, info: ReplicaInfo) -> None:
+        producer = make_producer(self.kafka, name=f"replica-{info.replica_id}")
+        try:
+            producer.send(
+                self.topic, key=info.replica_id, value=encode(info), headers=headers_for(info)
+            ).get(timeout=30)
+        finally:
+            producer.close()
+
+    def leave(self) -> None:
+        self._stop.set()
+        if not self.registered.is_set():
+            return
+        producer = make_producer(self.kafka, name=f"replica-{self.info.replica_id}")
+        try:
+            producer.send(self.topic, key=self.info.replica_id, value=None).get(timeout=30)
+            log.info("replica %s left (tombstone on %s)", self.info.replica_id, self.topic)
+        finally:
+            producer.close()

@@ -1,0 +1,194 @@
+"""Configuration of a `vllm` replica and the `vllm serve` command line it launches.
+
+Pure: builds argument lists and environments, starts nothing and never imports `vllm`.
+
+The child is `python -m vllm.entrypoints.cli.main serve MODEL ...` (the `vllm serve` console
+script's module, so no PATH lookup) on an internal loopback port, with what the contract needs:
+- `--enable-prefix-caching`, so the prefix-cache counters mean something;
+- `--served-model-name`, `--seed`, `--max-logprobs` (the contract asks for 0: the sampled token);
+- `--tensor-parallel-size / --data-parallel-size / --pipeline-parallel-size`
+  (world size = TP x DP x PP GPUs behind one address);
+- `VLLM_SERVER_DEV_MODE=1`, which mounts `/pause`, `/resume`, `/is_paused`, `/abort_requests`,
+  `/reset_prefix_cache` and `/collective_rpc`;
+- `--skip-tokenizer-init` when the model directory has no tokenizer (token ids in and out need
+  none; the adapter asks for `return_tokens_as_token_ids`).
+Flags the adapter depends on (host, port, served name, parallel sizes) may not be overridden
+through the extra arguments; anything else is passed through verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "MANAGED_FLAGS",
+    "VLLMReplicaConfig",
+    "build_vllm_command",
+    "build_vllm_env",
+    "free_port",
+    "has_tokenizer",
+    "split_argv",
+]
+
+MANAGED_FLAGS: frozenset[str] = frozenset(
+    {
+        "--host",
+        "--port",
+        "--model",
+        "--served-model-name",
+        "--tensor-parallel-size",
+        "-tp",
+        "--data-parallel-size",
+        "-dp",
+        "--pipeline-parallel-size",
+        "-pp",
+    }
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class VLLMReplicaConfig(BaseModel):
+    """One vLLM replica: the adapter's address and the vLLM server behind it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Model directory (HF layout: config, safetensors, tokenizer).")
+    port: int = Field(ge=1, le=65535, description="Port of the contract adapter.")
+    host: str = Field(
+        default="127.0.0.1", description="Adapter interface; 0.0.0.0 to serve other machines."
+    )
+    replica_id: str | None = Field(
+        default=None, description="Label of this replica; defaults to '<hostname>:<port>'."
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Model name vLLM serves; defaults to the directory name."
+    )
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel size.")
+    dp: int = Field(default=1, ge=1, description="Data-parallel size (engines behind one API).")
+    pp: int = Field(default=1, ge=1, description="Pipeline-parallel size.")
+    seed: int = Field(default=0, ge=0, description="vLLM's global seed.")
+    max_model_len: int | None = Field(default=None, ge=16, description="Context length cap.")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="GPU memory share for vLLM (None: its default)."
+    )
+    enforce_eager: bool = Field(default=False, description="No CUDA graphs: faster start.")
+    dtype: str = Field(default="auto", description="vLLM --dtype.")
+    max_logprobs: int = Field(default=1, ge=0, description="vLLM --max-logprobs.")
+    skip_tokenizer_init: bool | None = Field(
+        default=None, description="None: skip when the model directory has no tokenizer."
+    )
+    internal_host: str = Field(default="127.0.0.1", description="vLLM's listening interface.")
+    internal_port: int | None = Field(
+        default=None, ge=1, le=65535, description="vLLM's port; None picks a free one."
+    )
+    initial_version: int = Field(default=0, ge=0, description="Policy version of `model`.")
+    startup_timeout_s: float = Field(
+        default=1200.0, gt=0, description="How long vLLM may take to become healthy."
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, gt=0, description="How long pause waits for aborted requests to return."
+    )
+    extra_args: tuple[str, ...] = Field(
+        default=(), description="Further `vllm serve` arguments, passed through verbatim."
+    )
+
+    @model_validator(mode="after")
+    def _no_managed_flags_in_extra(self) -> VLLMReplicaConfig:
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                raise ValueError(f"{flag} is set by the replica launcher; use its own option")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def resolved_served_name(self) -> str:
+        return self.served_model_name or Path(self.model).name or "model"
+
+    def resolved_replica_id(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}:{self.port}"
+
+
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """Whether `model_dir` holds tokenizer files (a hub id, not a directory, counts as yes)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        return True
+    return any((path / name).is_file() for name in _TOKENIZER_FILES)
+
+
+def build_vllm_command(
+    config: VLLMReplicaConfig, *, internal_port: int, python: str | None = None
+) -> list[str]:
+    """The argv of the `vllm serve` child process."""
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        config.model,
+        "--host",
+        config.internal_host,
+        "--port",
+        str(internal_port),
+        "--served-model-name",
+        config.resolved_served_name(),
+        "--tensor-parallel-size",
+        str(config.tp),
+        "--data-parallel-size",
+        str(config.dp),
+        "--pipeline-parallel-size",
+        str(config.pp),
+        "--enable-prefix-caching",
+        "--seed",
+        str(config.seed),
+        "--max-logprobs",
+        str(config.max_logprobs),
+        "--dtype",
+        config.dtype,
+        "--disable-uvicorn-access-log",
+    ]
+    if config.max_model_len is not None:
+        cmd += ["--max-model-len", str(config.max_model_len)]
+    if config.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    skip = config.skip_tokenizer_init
+    if skip is None:
+        skip = not has_tokenizer(config.model)
+    if skip:
+        cmd.append("--skip-tokenizer-init")
+    cmd.extend(config.extra_args)
+    return cmd
+
+
+def build_vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc)."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for vLLM's internal listener)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at a literal `--`: what precedes is ours, what follows goes to `vllm serve`."""
+    args = list(argv)
+    if "--" in args:
+        i = args.index("--")
+        return args[:i], args[i + 1 :]
+    return args, []

@@ -1,0 +1,306 @@
+"""Pure mappings between the replica contract and vLLM's OpenAI-compatible server.
+
+No I/O and no `vllm` import: every function here takes and returns plain data, so the
+`vllm` backend's translation is unit-tested on a machine without vLLM or a GPU.
+
+What vLLM does, and where it was read (vLLM main, 2025-2026):
+- `POST /v1/completions` (vllm/entrypoints/openai/completion/protocol.py, serving.py):
+  `prompt` may be `list[int]`; `return_token_ids` adds `choices[].token_ids` (and
+  `prompt_token_ids`); `logprobs: 0` returns the sampled token's logprob only, as
+  `choices[].logprobs.token_logprobs` (clamped to -9999.0); `return_tokens_as_token_ids`
+  spells `logprobs.tokens` as `"token_id:<id>"`, which needs no tokenizer.
+  The engine request id is `f"cmpl-{request_id}-{i}"` (i = prompt index, always 0 here).
+- `finish_reason` is `"stop" | "length" | "abort"` (v1 `FinishReason.__str__`); an aborted
+  request's final output keeps the tokens generated so far (v1 `OutputProcessor.abort_requests`
+  emits a last output with `FinishReason.ABORT`). `stop_reason` is the stop token id (int),
+  a stop string, or null for EOS / length.
+- Errors: `{"error": {"message", "type", "code"}}` (recent) or
+  `{"object": "error", "message", "type", "code"}` (older).
+- `/metrics` (vllm/v1/metrics/loggers.py): gauges `vllm:num_requests_running`,
+  `vllm:num_requests_waiting`; counters `vllm:generation_tokens`, `vllm:prefix_cache_queries`,
+  `vllm:prefix_cache_hits` (exposed with `_total`; older releases named the cache counters
+  `vllm:gpu_prefix_cache_*`), one series per engine (label `engine`), summed here.
+
+Sampling parameters the contract does not carry (`repetition_penalty`, `min_p`, penalties) are
+sent explicitly as neutral values, so a model's `generation_config.json` defaults can never
+change the sampling distribution behind the trainer's back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from workers.llm.contract import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    FinishReason,
+)
+from workers.llm.replicas.exceptions import ReplicaError
+
+__all__ = [
+    "FINISH_REASONS",
+    "VLLMMetrics",
+    "VLLMUpstreamError",
+    "aborted_response",
+    "engine_request_id",
+    "from_vllm_completion",
+    "map_vllm_error",
+    "parse_vllm_metrics",
+    "render_replica_metrics",
+    "to_vllm_completion",
+]
+
+logger = logging.getLogger("rollout.replica.vllm")
+
+FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
+_TOKEN_ID_PREFIX = "token_id:"
+_LOGPROB_FLOOR = -9999.0  # vLLM's own clamp for -inf
+
+
+class VLLMUpstreamError(ReplicaError):
+    """vLLM failed a call, or answered outside what this backend relies on (→ HTTP 5xx)."""
+
+
+def engine_request_id(upstream_id: str) -> str:
+    """The id vLLM's engine gives a one-prompt completion sent with `request_id=upstream_id`.
+
+    `/abort_requests` takes these ids (serving.py: `f"cmpl-{base}"`, then `f"{id}-{i}"`).
+    """
+    return f"cmpl-{upstream_id}-0"
+
+
+def to_vllm_completion(req: CompletionRequest, *, model: str, upstream_id: str) -> dict[str, Any]:
+    """The `/v1/completions` body for one contract request (never streamed, one choice)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(req.prompt),
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "n": 1,
+        "stream": False,
+        "echo": False,
+        "stop_token_ids": list(req.stop_token_ids),
+        "ignore_eos": req.ignore_eos,
+        "request_id": upstream_id,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.logprobs is not None:
+        # The contract only ever returns the sampled tokens' logprobs: 0 asks for exactly that.
+        body["logprobs"] = 0
+    return body
+
+
+def _token_ids(choice: Mapping[str, Any]) -> list[int]:
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return [int(t) for t in ids]
+    # Before `return_token_ids` existed: recover ids from "token_id:<id>" logprob tokens.
+    lp = choice.get("logprobs")
+    tokens = lp.get("tokens") if isinstance(lp, Mapping) else None
+    if isinstance(tokens, list) and all(
+        isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX) for t in tokens
+    ):
+        return [int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens]
+    raise VLLMUpstreamError("vLLM response has no token_ids (needs return_token_ids)")
+
+
+def _token_logprobs(choice: Mapping[str, Any], n_tokens: int) -> list[float] | None:
+    lp = choice.get("logprobs")
+    if lp is None:
+        return None
+    values = lp.get("token_logprobs") if isinstance(lp, Mapping) else None
+    if not isinstance(values, list) or len(values) != n_tokens:
+        raise VLLMUpstreamError(
+            f"vLLM logprobs do not match the tokens ({n_tokens} tokens, logprobs={values!r:.80})"
+        )
+    out: list[float] = []
+    for v in values:
+        if v is None or not math.isfinite(float(v)):
+            logger.warning("vLLM returned a missing logprob; using the floor %s", _LOGPROB_FLOOR)
+            out.append(_LOGPROB_FLOOR)
+        else:
+            out.append(float(v))
+    return out
+
+
+def _finish_reason(value: Any) -> FinishReason:
+    if value in FINISH_REASONS:
+        return value  # type: ignore[no-any-return]
+    raise VLLMUpstreamError(f"vLLM finish_reason {value!r} is not one of {sorted(FINISH_REASONS)}")
+
+
+def from_vllm_completion(
+    body: Mapping[str, Any],
+    *,
+    policy_version: int,
+    want_logprobs: bool,
+    request_id: str | None = None,
+) -> CompletionResponse:
+    """Map a `/v1/completions` response to the contract, stamping `policy_version`."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1:
+        raise VLLMUpstreamError(f"vLLM returned {len(choices or [])} choices, expected 1")
+    choice = choices[0]
+    token_ids = _token_ids(choice)
+    logprobs = _token_logprobs(choice, len(token_ids)) if want_logprobs else None
+    if want_logprobs and logprobs is None:
+        raise VLLMUpstreamError("vLLM response has no logprobs although they were requested")
+    stop_reason = choice.get("stop_reason")
+    usage = body.get("usage") or {}
+    return CompletionResponse(
+        id=request_id or str(body.get("id", "")),
+        created=int(body.get("created", 0)),
+        model=str(body.get("model", "")),
+        choices=[
+            CompletionChoice(
+                index=0,
+                text=str(choice.get("text") or ""),
+                token_ids=token_ids,
+                logprobs=None if logprobs is None else {"token_logprobs": logprobs},
+                finish_reason=_finish_reason(choice.get("finish_reason")),
+                # A stop *string* has no token id; the contract only reports stop tokens.
+                stop_reason=stop_reason if type(stop_reason) is int else None,
+            )
+        ],
+        usage={k: v for k, v in usage.items() if type(v) is int},
+        policy_version=policy_version,
+    )
+
+
+def aborted_response(
+    *, request_id: str, model: str, created: int, policy_version: int, want_logprobs: bool
+) -> CompletionResponse:
+    """An abort that reached vLLM only as a dropped connection: nothing came back."""
+    return CompletionResponse(
+        id=request_id,
+        created=created,
+        model=model,
+        choices=[
+            CompletionChoice(
+                token_ids=[],
+                logprobs={"token_logprobs": []} if want_logprobs else None,
+                finish_reason="abort",
+            )
+        ],
+        usage={"completion_tokens": 0},
+        policy_version=policy_version,
+    )
+
+
+def map_vllm_error(status: int, body: Any) -> dict[str, dict[str, str]]:
+    """vLLM's error body (either generation) in the contract's `{"error": {message, type}}`."""
+    message, err_type = "", ""
+    if isinstance(body, Mapping):
+        inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+        message = str(inner.get("message") or inner.get("detail") or "")
+        err_type = str(inner.get("type") or "")
+    elif body:
+        message = str(body)
+    if not err_type:
+        err_type = "invalid_request_error" if 400 <= status < 500 else "internal_error"
+    return {"error": {"message": message or f"vLLM answered {status}", "type": err_type}}
+
+
+@dataclass(frozen=True)
+class VLLMMetrics:
+    """The vLLM series the contract re-exposes, summed over engines (DP ranks)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    generated_tokens: float = 0.0
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+
+
+# contract field -> vLLM family names, preferred first (prometheus_client strips `_total`).
+_VLLM_FAMILIES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "generated_tokens": ("vllm:generation_tokens",),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+}
+
+
+def parse_vllm_metrics(text: str) -> VLLMMetrics:
+    """Sum vLLM's Prometheus text into `VLLMMetrics`; a series that is absent reads 0."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        wanted = {family.name, f"{family.name}_total"}
+        value = sum(s.value for s in family.samples if s.name in wanted)
+        totals[family.name] = totals.get(family.name, 0.0) + value
+    fields: dict[str, float] = {}
+    for field, names in _VLLM_FAMILIES.items():
+        fields[field] = next((totals[n] for n in names if n in totals), 0.0)
+    return VLLMMetrics(**fields)
+
+
+class _Snapshot(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def render_replica_metrics(metrics: VLLMMetrics, *, replica_id: str, policy_version: int) -> bytes:
+    """The contract's `rollout_replica_*` Prometheus text for one scrape."""
+    labels = [replica_id]
+
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        fam = GaugeMetricFamily(name, doc, labels=["replica"])
+        fam.add_metric(labels, value)
+        return fam
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        fam = CounterMetricFamily(name, doc, labels=["replica"])
+        fam.add_metric(labels, value)
+        return fam
+
+    families: list[Metric] = [
+        gauge("rollout_replica_running_requests", "Requests being generated.", metrics.running),
+        gauge("rollout_replica_waiting_requests", "Requests queued.", metrics.waiting),
+        counter(
+            "rollout_replica_generated_tokens",
+            "Tokens generated.",
+            metrics.generated_tokens,
+        ),
+        counter(
+            "rollout_replica_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            metrics.prefix_cache_queries,
+        ),
+        counter(
+            "rollout_replica_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            metrics.prefix_cache_hits,
+        ),
+        gauge(
+            "rollout_replica_policy_version",
+            "Policy version of the loaded weights.",
+            float(policy_version),
+        ),
+    ]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families))
+    return generate_latest(registry)
