@@ -1,0 +1,76 @@
+"""Kill -9 the agent-loop worker mid-run, start another: no sample is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from schemas import PromptEvent
+from tests.conftest import REPO
+from tests.integration.agent_helpers import finals_by_sample, produce_prompts, read_turns
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def start_worker(kafka_bootstrap, topics, model, replicas, group, log) -> subprocess.Popen:
+    args = [
+        sys.executable, "-m", "pipeline.cli", "--bootstrap", kafka_bootstrap,
+        "--set", f"topics.prefix={topics.prefix}",
+        "--set", f"agent_loop.group_id={group}",
+        "--set", "agent_loop.n=2",
+        "--set", "agent_loop.sampling.max_tokens=24",
+        "--set", "agent_loop.max_samples_in_flight=8",
+        "--set", "agent_loop.commit_interval_s=0.5",
+        "worker", "agent-loop", "--model", str(model),
+    ]  # fmt: skip
+    for rep in replicas:
+        args += ["--replica", rep.address]
+    return subprocess.Popen(args, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def test_kill_9_mid_run_loses_nothing(
+    kafka_config, kafka_bootstrap, topics_config, tiny_model, hf_replicas, unique, tmp_path
+) -> None:
+    prompts = [
+        PromptEvent(
+            uid=f"k-{i}",
+            prompt=[{"role": "user", "content": f"What is {i} + {i}?"}],
+            data_source="openai/gsm8k",
+        )
+        for i in range(16)
+    ]
+    produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
+    expected = {(p.uid, i) for p in prompts for i in range(2)}
+    group = unique("al-kill")
+    log = tmp_path / "worker.log"
+
+    first = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
+    turns = read_turns(kafka_config, topics_config.name("turns"),
+                       until=lambda ts: len(finals_by_sample(ts)) >= 6, timeout_s=180)  # fmt: skip
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    done_before = len(finals_by_sample(turns))
+    assert 6 <= done_before < len(expected), "the kill must land mid-run"
+
+    second = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
+    try:
+        turns = read_turns(kafka_config, topics_config.name("turns"),
+                           until=lambda ts: set(finals_by_sample(ts)) >= expected, timeout_s=240)  # fmt: skip
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+    finals = finals_by_sample(turns)
+    assert set(finals) == expected, f"missing: {expected - set(finals)}\n{log.read_text()[-3000:]}"
+    for attempts in finals.values():
+        assert len(attempts) == len(set(attempts)), "a duplicate must carry a new attempt_id"
+    assert second.returncode == 0, log.read_text()[-3000:]
+    print(
+        f"finished before the kill: {done_before}; redone after: {sum(len(a) - 1 for a in finals.values())}"
+    )

@@ -1,0 +1,160 @@
+"""Agent loops: one trajectory's logic, registered by name, returning `AgentLoopOutput`.
+
+An agent loop turns one sample (chat messages + metadata) into one trajectory by calling the
+LLM client token-in/token-out. It reports every turn as it completes through
+`AgentContext.on_turn` (the worker turns those into `TurnEvent`s on `rl.turns`; the first
+turn's record carries the prompt ids), and returns
+verl's `AgentLoopOutput`: `prompt_ids`, `response_ids`, `response_mask` (1 model tokens,
+0 tool/user tokens), `response_logprobs` (0.0 under mask 0), `num_turns`, `reward_score`,
+`metrics`, and `extra_fields` with `min_global_steps`/`max_global_steps`.
+
+Invariant: `response_ids` is exactly the concatenation of the turns' token ids, in order;
+text is never re-tokenized.
+
+Loops are registered with `@register("name")`; user loops are named in config by import path
+(`package.module:ClassName`) and loaded only from there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from workers.agent_loop.exceptions import AgentLoopError
+from workers.llm.contract import SamplingParams
+
+__all__ = [
+    "AgentContext",
+    "AgentLoopBase",
+    "AgentLoopOutput",
+    "TurnRecord",
+    "get_agent_loop",
+    "register",
+    "registered",
+]
+
+_REGISTRY: dict[str, type[AgentLoopBase]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One completed turn, as the loop reports it."""
+
+    role: Literal["assistant", "tool", "user"]
+    token_ids: list[int]
+    logprobs: list[float] | None
+    min_global_steps: int
+    max_global_steps: int
+    stop_reason: str | None = None
+    tool_reward: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None  # required on a trajectory's first turn
+
+
+class AgentLoopOutput(BaseModel):
+    """verl's agent-loop output, for one trajectory."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    num_turns: int = Field(ge=1, description="verl: user + assistant turns; single turn = 2.")
+    reward_score: float | None = None
+    finish_reason: str = "stop"
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    extra_fields: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class AgentContext:
+    """What a loop may use: the LLM client, the tokenizer, tools, limits, the turn sink."""
+
+    llm: Any  # workers.llm.client.LLMClient (or anything with its `generate`)
+    tokenizer: Any  # a transformers tokenizer with a chat template
+    on_turn: Callable[[TurnRecord], Awaitable[None]]
+    tools: dict[str, Any] = field(default_factory=dict)  # name → BaseTool
+    max_prompt_length: int = 1024
+    max_response_length: int = 512
+    options: dict[str, Any] = field(default_factory=dict)  # per-loop settings from config
+
+
+class AgentLoopBase(ABC):
+    """One trajectory. Subclasses implement `run`; a fresh instance serves each sample."""
+
+    def __init__(self, context: AgentContext) -> None:
+        self.ctx = context
+
+    @abstractmethod
+    async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
+        """Roll out one sample. `sample` has `messages`, `request_id`, `extra_info`, `uid`…"""
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Tokenize the conversation once; the result is the prompt for every later turn."""
+        ids = self.ctx.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        if len(ids) > self.ctx.max_prompt_length:
+            raise AgentLoopError(
+                f"prompt has {len(ids)} tokens, over max_prompt_length={self.ctx.max_prompt_length}",
+                cause="prompt_too_long",
+            )
+        return ids
+
+
+def register(name: str) -> Callable[[type[AgentLoopBase]], type[AgentLoopBase]]:
+    """Class decorator: make an agent loop selectable by `agent_name`."""
+
+    def wrap(cls: type[AgentLoopBase]) -> type[AgentLoopBase]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise AgentLoopError(f"agent loop {name!r} is registered twice", cause="config")
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def registered() -> dict[str, type[AgentLoopBase]]:
+    _load_builtins()
+    return dict(_REGISTRY)
+
+
+def get_agent_loop(name: str, user_loops: dict[str, str] | None = None) -> type[AgentLoopBase]:
+    """The class for `name`: a registered loop, or one named in config by import path."""
+    _load_builtins()
+    if user_loops and name in user_loops:
+        return _import(user_loops[name])
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted({*_REGISTRY, *(user_loops or {})}))
+        raise AgentLoopError(
+            f"unknown agent_name {name!r} (known: {known})", cause="unknown_agent"
+        ) from None
+
+
+def _import(path: str) -> type[AgentLoopBase]:
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        module_name, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise AgentLoopError(f"cannot load agent loop {path!r}: {exc}", cause="config") from exc
+    if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+        raise AgentLoopError(f"{path!r} is not an AgentLoopBase subclass", cause="config")
+    return cls
+
+
+def _load_builtins() -> None:
+    # Importing registers them; deferred so `base` has no import cycle with the loops.
+    from workers.agent_loop import single_turn, tool_agent  # noqa: F401

@@ -1,0 +1,75 @@
+"""Configuration of the agent-loop worker (`rollout worker agent-loop`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workers.llm.client import LLMClientConfig
+from workers.llm.contract import SamplingParams
+
+__all__ = ["AdmissionConfig", "AgentLoopConfig", "AgentLoopWorkerConfig"]
+
+
+class AdmissionConfig(BaseModel):
+    """Staleness bounded at the source: how far generation may run ahead of training."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_staleness: int | None = Field(
+        default=None, ge=0, description="None: unbounded. 0: on-policy (wait for each version)."
+    )
+    train_batch_size: int = Field(default=8, ge=1, description="Groups (prompts) per trainer step.")
+
+
+class AgentLoopConfig(BaseModel):
+    """What every agent loop gets: limits, tools, per-loop options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_agent: str = Field(default="single_turn_agent", description="When a prompt names none.")
+    user_loops: dict[str, str] = Field(
+        default_factory=dict, description="name → 'package.module:Class' of user agent loops."
+    )
+    tool_config: str | None = Field(default=None, description="YAML file of tools for tool_agent.")
+    max_prompt_length: int = Field(default=1024, ge=1)
+    max_response_length: int = Field(default=512, ge=1)
+    options: dict[str, object] = Field(
+        default_factory=lambda: {
+            "max_assistant_turns": 5,
+            "max_user_turns": 5,
+            "max_parallel_calls": 4,
+            "max_tool_response_length": 256,
+            "tool_response_truncate_side": "middle",
+            "tool_parser": "hermes",
+        },
+        description="Options passed to the loops (tool_agent's turn limits, parser, …).",
+    )
+
+
+class AgentLoopWorkerConfig(BaseModel):
+    """The agent-loop worker: Kafka group, concurrency, sampling, the LLM client, loops."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_id: str = Field(default="agent-loop", description="Consumer group on the prompts topic.")
+    model: str = Field(default="", description="Model directory (tokenizer and chat template).")
+    n: int = Field(
+        default=4, ge=1, le=1024, description="Samples per prompt unless the prompt says."
+    )
+    max_samples_in_flight: int = Field(default=64, ge=1, description="Backpressure bound.")
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    grace_period_s: float = Field(default=30.0, ge=0, description="On SIGTERM, finish within this.")
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="Replica URLs; empty: discover them on the replicas topic.",
+    )
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_tokens=256))
+    llm: LLMClientConfig = Field(default_factory=LLMClientConfig)
+    loops: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+
+    @model_validator(mode="after")
+    def _budget(self) -> AgentLoopWorkerConfig:
+        if self.sampling.max_tokens > self.loops.max_response_length:
+            raise ValueError("sampling.max_tokens must not exceed loops.max_response_length")
+        return self

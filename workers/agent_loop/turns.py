@@ -1,0 +1,81 @@
+"""Turn records of one trajectory → `TurnEvent`s on the turns topic.
+
+The emitter holds one turn back, so that the last turn can be sent with `final=True` and the
+trajectory's totals once the loop returns. Turn 0 carries the prompt ids and what the reward
+stage needs (`data_source`, `reward_model`, `extra_info`, `agent_name`). Every send is
+awaited for the broker's acknowledgement in `finish()`: the worker finishes a prompt's
+offset only after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from schemas.events import ExtraFields, PromptEvent, TurnEvent, trajectory_id
+from workers.agent_loop.base import AgentLoopOutput, TurnRecord
+from workers.agent_loop.exceptions import AgentLoopError
+
+__all__ = ["TurnEmitter"]
+
+Send = Callable[[TurnEvent], Awaitable["asyncio.Future[Any]"]]
+
+
+class TurnEmitter:
+    def __init__(self, send: Send, prompt: PromptEvent, sample_index: int, attempt_id: str) -> None:
+        self._send = send
+        self.prompt = prompt
+        self.sample_index = sample_index
+        self.attempt_id = attempt_id
+        self.trajectory_id = trajectory_id(prompt.uid, sample_index)
+        self._held: TurnRecord | None = None
+        self._index = 0
+        self._acks: list[asyncio.Future[Any]] = []
+
+    async def on_turn(self, record: TurnRecord) -> None:
+        if self._held is not None:
+            await self._emit(self._held, None)
+        elif record.prompt_ids is None:
+            raise AgentLoopError(
+                "the first turn of a trajectory must carry prompt_ids", cause="agent_loop"
+            )
+        self._held = record
+
+    async def finish(self, output: AgentLoopOutput) -> None:
+        """Send the last turn as final, then wait until the broker acknowledged every turn."""
+        if self._held is None:
+            raise AgentLoopError("the agent loop produced no turn", cause="agent_loop")
+        await self._emit(self._held, output)
+        self._held = None
+        await asyncio.gather(*self._acks)
+
+    async def _emit(self, record: TurnRecord, output: AgentLoopOutput | None) -> None:
+        first = self._index == 0
+        prompt = self.prompt
+        event = TurnEvent(
+            trajectory_id=self.trajectory_id,
+            uid=prompt.uid,
+            sample_index=self.sample_index,
+            attempt_id=self.attempt_id,
+            turn_index=self._index,
+            role=record.role,
+            token_ids=record.token_ids,
+            logprobs=record.logprobs,
+            min_global_steps=record.min_global_steps,
+            max_global_steps=record.max_global_steps,
+            stop_reason=record.stop_reason,
+            tool_reward=record.tool_reward,
+            metrics=record.metrics,
+            prompt_ids=record.prompt_ids if first else None,
+            data_source=prompt.data_source if first else None,
+            reward_model=prompt.reward_model if first else None,
+            extra_info=prompt.extra_info if first else None,
+            agent_name=prompt.agent_name if first else None,
+            final=output is not None,
+            num_turns=output.num_turns if output is not None else None,
+            response_length=len(output.response_ids) if output is not None else None,
+            extra_fields=ExtraFields(**output.extra_fields) if output is not None else None,
+        )
+        self._index += 1
+        self._acks.append(await self._send(event))

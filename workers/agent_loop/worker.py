@@ -1,0 +1,371 @@
+"""The agent-loop worker: `rl.prompts` → agent loops → `rl.turns`, many prompts at once.
+
+Why aiokafka here (and kafka-python elsewhere): the worker is one asyncio program running
+hundreds of generations; aiokafka's consumer and producer live on the same event loop, its
+rebalance listener can `await` the cancellation of the revoked partitions' work before the
+partitions move, and heartbeats run in the background while generations are long. Driving
+kafka-python from a thread would add a hand-off per record and callbacks on another thread
+for the same throughput (the stage's cost is generation, not Kafka).
+
+Delivery (at-least-once, de-duplicated downstream):
+- A prompt's offset is finished only after every turn of its `n` samples (or its dead
+  letter) is acknowledged by the broker; per partition only the contiguous prefix of
+  finished offsets is committed (`OffsetTracker`).
+- Backpressure: at most `max_samples_in_flight` samples run; when full, or when the
+  staleness gate is closed, the partitions are paused instead of buffering records.
+- Rebalance: the revoked partitions' unfinished prompts are cancelled, what is finished is
+  committed, the rest is redelivered to the new owner, whose regenerated events carry a new
+  `attempt_id`.
+- SIGTERM: stop fetching, let in-flight prompts finish within the grace period, cancel the
+  rest, commit, close.
+- A prompt that cannot be processed (not a PromptEvent, unknown agent, prompt too long,
+  tool config error, a replica's 4xx) goes to the dead-letter topic with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+
+from schemas.codec import decode, decode_as, encode, headers_for
+from schemas.deadletter import DeadLetter
+from schemas.errors import DecodeError, RolloutError
+from schemas.events import PolicyVersion, PromptEvent, ReplicaInfo, TurnEvent
+from workers.agent_loop.admission import AdmissionGate
+from workers.agent_loop.base import AgentContext, get_agent_loop
+from workers.agent_loop.config import AgentLoopWorkerConfig
+from workers.agent_loop.exceptions import AgentLoopError
+from workers.agent_loop.offsets import OffsetTracker
+from workers.agent_loop.turns import TurnEmitter
+from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.llm.exceptions import BadRequestError
+
+__all__ = ["AgentLoopWorker"]
+
+log = logging.getLogger("rollout.agent_loop.worker")
+
+STAGE = "agent-loop"
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: AgentLoopWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.worker._revoke(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+
+class AgentLoopWorker:
+    """Consume prompts, run their samples' agent loops, produce every turn."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topics: TopicsConfig,
+        config: AgentLoopWorkerConfig,
+        *,
+        llm: Any = None,
+        tokenizer: Any = None,
+        tools: dict[str, Any] | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.topics = topics
+        self.config = config
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.tracker = OffsetTracker()
+        self.gate = AdmissionGate(config.admission.max_staleness, config.admission.train_batch_size)
+        self.counters: dict[str, int] = defaultdict(int)
+        self._tasks: dict[TopicPartition, dict[int, asyncio.Task[None]]] = defaultdict(dict)
+        self._samples_in_flight = 0
+        self._stopping = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+
+    def stop(self) -> None:
+        """Ask the worker to shut down gracefully (what SIGTERM does)."""
+        self._stopping.set()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._setup()
+        assert self.consumer is not None and self.producer is not None
+        try:
+            await self._consume()
+        finally:
+            await self._shutdown()
+
+    async def _setup(self) -> None:
+        cfg = self.config
+        conn = self.kafka.aiokafka_kwargs()
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        if self.tools is None:
+            self.tools = {}
+            if cfg.loops.tool_config:
+                from workers.agent_loop.tools.config import load_tools
+
+                self.tools = load_tools(cfg.loops.tool_config)
+        self.producer = AIOKafkaProducer(
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            max_request_size=self.kafka.max_request_size,
+            client_id=f"{self.kafka.client_id}-{STAGE}",
+            **conn,
+        )
+        await self.producer.start()
+        if self.llm is None:
+            from workers.llm.client import LLMClient
+
+            self.llm = LLMClient(cfg.llm, cfg.replicas)
+            await self.llm.start()
+            if not cfg.replicas:
+                self._background.append(asyncio.create_task(self._follow_replicas()))
+        if cfg.admission.max_staleness is not None:
+            self._background.append(asyncio.create_task(self._follow_policy()))
+        self.consumer = AIOKafkaConsumer(
+            group_id=cfg.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.kafka.max_request_size,
+            client_id=f"{self.kafka.client_id}-{STAGE}",
+            **conn,
+        )
+        self.consumer.subscribe([self.topics.name("prompts")], listener=_Rebalance(self))
+        await self.consumer.start()
+
+    async def _shutdown(self) -> None:
+        pending = [t for tasks in self._tasks.values() for t in tasks.values()]
+        if pending:
+            log.info(
+                "shutting down: waiting up to %.0fs for %d prompts",
+                self.config.grace_period_s,
+                len(pending),
+            )
+            _done, late = await asyncio.wait(pending, timeout=self.config.grace_period_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        try:
+            await self._commit()
+        finally:
+            for task in self._background:
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+            if self.consumer is not None:
+                await self.consumer.stop()
+            if self.producer is not None:
+                await self.producer.stop()
+            if self.llm is not None and hasattr(self.llm, "close"):
+                await self.llm.close()
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        loop = asyncio.get_running_loop()
+        next_commit = loop.time() + self.config.commit_interval_s
+        while not self._stopping.is_set():
+            # Prompts to take now: bounded by free sample slots and by the staleness gate.
+            # Records past `max_records` stay in the consumer's buffer, not in ours.
+            room = min(
+                (self.config.max_samples_in_flight - self._samples_in_flight) // self.config.n,
+                self.gate.room(),
+            )
+            if room <= 0:
+                consumer.pause(*consumer.assignment())
+            elif consumer.paused():
+                consumer.resume(*consumer.paused())
+            batch = await consumer.getmany(timeout_ms=200, max_records=max(1, room))
+            for tp, records in batch.items():
+                for record in records:
+                    self._start(tp, record)
+            if loop.time() >= next_commit:
+                await self._commit()
+                next_commit = loop.time() + self.config.commit_interval_s
+
+    def _start(self, tp: TopicPartition, record: Any) -> None:
+        self.tracker.start(tp, record.offset)
+        self.gate.admit()
+        self.counters["prompts_started"] += 1
+        task = asyncio.create_task(self._process(tp, record))
+        self._tasks[tp][record.offset] = task
+
+    async def _process(self, tp: TopicPartition, record: Any) -> None:
+        try:
+            try:
+                prompt = decode_as(record.value, PromptEvent)
+                await self._run_prompt(prompt)
+            except (DecodeError, AgentLoopError, BadRequestError) as exc:
+                await self._dead_letter(record, exc)
+            self.tracker.finish(tp, record.offset)
+            self.counters["prompts_done"] += 1
+        except asyncio.CancelledError:
+            self.counters["prompts_cancelled"] += 1
+            raise
+        except RolloutError as exc:
+            # Replicas unreachable past every retry: leave the offset unfinished so the prompt
+            # is redelivered after a restart, and stop rather than skip it.
+            log.error("prompt at %s[%d]@%d failed: %s", tp.topic, tp.partition, record.offset, exc)
+            self.counters["prompts_failed"] += 1
+            self.stop()
+        finally:
+            self._tasks[tp].pop(record.offset, None)
+
+    async def _run_prompt(self, prompt: PromptEvent) -> None:
+        cfg = self.config
+        loop_cls = get_agent_loop(
+            prompt.agent_name or cfg.loops.default_agent, cfg.loops.user_loops
+        )
+        n = prompt.n or cfg.n
+        self._samples_in_flight += n
+        try:
+            results = await asyncio.gather(
+                *(self._run_sample(loop_cls, prompt, i) for i in range(n)), return_exceptions=True
+            )
+        finally:
+            self._samples_in_flight -= n
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _run_sample(self, loop_cls: type, prompt: PromptEvent, index: int) -> None:
+        cfg = self.config
+        emitter = TurnEmitter(self._send_turn, prompt, index, uuid.uuid4().hex[:16])
+        context = AgentContext(
+            llm=self.llm,
+            tokenizer=self.tokenizer,
+            on_turn=emitter.on_turn,
+            tools=self.tools or {},
+            max_prompt_length=cfg.loops.max_prompt_length,
+            max_response_length=cfg.loops.max_response_length,
+            options=dict(cfg.loops.options),
+        )
+        output = await loop_cls(context).run(
+            cfg.sampling,
+            messages=[m.model_dump(exclude_none=True) for m in prompt.prompt],
+            request_id=emitter.trajectory_id,
+            uid=prompt.uid,
+            sample_index=index,
+            extra_info=prompt.extra_info,
+        )
+        await emitter.finish(output)
+        self.counters["trajectories"] += 1
+
+    async def _send_turn(self, event: TurnEvent) -> asyncio.Future[Any]:
+        assert self.producer is not None
+        self.counters["turns"] += 1
+        future: asyncio.Future[Any] = await self.producer.send(
+            self.topics.name("turns"),
+            key=event.trajectory_id.encode(),
+            value=encode(event),
+            headers=headers_for(event),
+        )
+        return future
+
+    async def _dead_letter(self, record: Any, exc: BaseException) -> None:
+        assert self.producer is not None
+        letter = DeadLetter(
+            stage=STAGE,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error_class=type(exc).__name__,
+            error_cause=getattr(exc, "cause", None) or "error",
+            error_message=str(exc) or repr(exc),
+            key=record.key,
+            value=record.value,
+            original_headers=list(record.headers or []),
+        )
+        log.warning(
+            "dead-lettering prompt %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+        )
+        self.counters["dead_letters"] += 1
+        future = await self.producer.send(
+            self.topics.name("dlq"), key=record.key, value=record.value, headers=letter.headers()
+        )
+        await future
+
+    # --- offsets and rebalancing -------------------------------------------------------
+
+    async def _commit(self, only: list[TopicPartition] | None = None) -> None:
+        positions = self.tracker.committable()
+        if only is not None:
+            positions = {tp: pos for tp, pos in positions.items() if tp in only}
+        if not positions or self.consumer is None:
+            return
+        await self.consumer.commit(positions)
+        self.tracker.mark_committed(positions)
+
+    async def _revoke(self, revoked: list[TopicPartition]) -> None:
+        tasks = [t for tp in revoked for t in self._tasks.get(tp, {}).values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self._commit(only=revoked)
+        finally:
+            for tp in revoked:
+                self.tracker.drop(tp)
+                self._tasks.pop(tp, None)
+        if tasks:
+            log.info(
+                "revoked %d partitions; %d unfinished prompts go to the new owner",
+                len(revoked),
+                len(tasks),
+            )
+
+    # --- what other stages publish ----------------------------------------------------
+
+    async def _follow_policy(self) -> None:
+        """Track the trainer's progress (`PolicyVersion.groups_trained`) for the gate."""
+        async for event in self._tail(self.topics.name("policy")):
+            if isinstance(event, PolicyVersion):
+                self.gate.observe_trained(event.groups_trained)
+
+    async def _follow_replicas(self) -> None:
+        """Add and remove replicas as they register on (and leave) the replicas topic."""
+        async for item in self._tail(self.topics.name("replicas"), tombstones=True):
+            if isinstance(item, ReplicaInfo):
+                self.llm.add_replicas([item])
+            elif isinstance(item, bytes):
+                self.llm.remove_replicas([item.decode()])
+
+    async def _tail(self, topic: str, *, tombstones: bool = False) -> Any:
+        consumer = AIOKafkaConsumer(
+            topic, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False,
+            client_id=f"{self.kafka.client_id}-{STAGE}-tail", **self.kafka.aiokafka_kwargs(),
+        )  # fmt: skip
+        await consumer.start()
+        try:
+            async for record in consumer:
+                if record.value is None:
+                    if tombstones and record.key is not None:
+                        yield record.key
+                    continue
+                try:
+                    yield decode(record.value)
+                except DecodeError as exc:
+                    log.warning("ignoring undecodable record on %s: %s", topic, exc)
+        finally:
+            await consumer.stop()
