@@ -1,0 +1,50 @@
+"""Inference replicas, registered lazily by backend name.
+
+    hf       transformers on CPU (`workers.llm.replicas.hf`): development, tests, demo
+    vllm     vLLM on GPUs (`workers.llm.replicas.vllm`)
+    sglang   SGLang on GPUs (`workers.llm.replicas.sglang`)
+
+Importing this package imports no backend, no torch and no aiohttp: `get_backend(name)`
+imports the backend's module on first use, and a backend whose module or libraries are
+missing raises `BackendUnavailableError` only when asked for, never at import. Every backend
+module serves the HTTP contract of `workers.llm.contract` and exposes
+`serve(model_dir, host, port, replica_id, version, ...)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from workers.llm.replicas.exceptions import BackendUnavailableError
+
+__all__ = ["BACKENDS", "available_backends", "get_backend"]
+
+BACKENDS: dict[str, str] = {
+    "hf": "workers.llm.replicas.hf",
+    "sglang": "workers.llm.replicas.sglang",
+    "vllm": "workers.llm.replicas.vllm",
+}
+
+
+def get_backend(name: str) -> ModuleType:
+    """The backend module for `name`, imported now; BackendUnavailableError if it cannot be."""
+    module = BACKENDS.get(name)
+    if module is None:
+        raise BackendUnavailableError(name, f"unknown backend; known: {sorted(BACKENDS)}")
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailableError(name, str(exc)) from exc
+
+
+def available_backends() -> list[str]:
+    """Names whose modules import here (imports each one; not for hot paths)."""
+    found = []
+    for name in sorted(BACKENDS):
+        try:
+            get_backend(name)
+        except BackendUnavailableError:
+            continue
+        found.append(name)
+    return found

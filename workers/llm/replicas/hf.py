@@ -1,0 +1,359 @@
+"""The `hf` replica: an aiohttp server around `HFEngine` that serves `workers.llm.contract`.
+
+    python -m workers.llm.replicas.hf --model DIR --port P [--replica-id X] [--version V]
+        [--threads N] [--host H] [--max-batch B] [--prefix-cache-tokens T]
+
+`create_app(...)` is the async app factory (tests and in-process use); `serve(...)` runs it.
+Torch and transformers are imported only when an app is created, so `--help` is instant.
+
+Invariants:
+- Every JSON response but `/is_paused` (whose body the contract fixes to `{"is_paused"}`)
+  carries `policy_version`: for a completion, the version of the weights that produced its
+  tokens; elsewhere, the version served now.
+- A request that cannot be served gets a 4xx (5xx for the server's own faults) with
+  `{"error": {"message", "type"}}`; nothing a client sends stops the server.
+- A client that disconnects mid-generation has its request aborted (handler cancellation).
+- `/metrics` reads the engine's live counters at scrape time from a registry of this server's
+  own, so several replicas in one process never share or clash on metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from pydantic import ValidationError
+
+from workers.llm.contract import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ReplicaStatus,
+    UpdateWeightsRequest,
+)
+from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, WeightLoadError
+
+if TYPE_CHECKING:
+    from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
+
+__all__ = ["create_app", "main", "serve"]
+
+logger = logging.getLogger("rollout.llm.replica.hf")
+
+BACKEND = "hf"
+_ENGINE = web.AppKey("engine", object)
+_STATE = web.AppKey("state", dict)
+
+
+class _EngineCollector:
+    """Prometheus collector that reads the engine's counters at scrape time."""
+
+    def __init__(self, engine: HFEngine, replica_id: str) -> None:
+        self.engine, self.replica = engine, replica_id
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        e, stats = self.engine, self.engine.stats
+        gauges = (
+            ("rollout_replica_running_requests", "Requests in the running batch.", e.running),
+            ("rollout_replica_waiting_requests", "Requests queued or held by a pause.", e.waiting),
+            ("rollout_replica_policy_version", "Policy version of the served weights.", e.version),
+        )
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=["replica"])
+            g.add_metric([self.replica], value)
+            yield g
+        counters = (
+            ("rollout_replica_generated_tokens", "Tokens sampled.", stats.generated_tokens),
+            (
+                "rollout_replica_prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "rollout_replica_prefix_cache_hits",
+                "Prompt tokens served from the prefix cache.",
+                stats.prefix_cache_hits,
+            ),
+        )
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=["replica"])
+            c.add_metric([self.replica], value)
+            yield c
+
+
+def _error(status: int, message: str, kind: str, version: int) -> web.Response:
+    body = {"error": {"message": message, "type": kind}, "policy_version": version}
+    return web.json_response(body, status=status)
+
+
+def _engine(request: web.Request) -> HFEngine:
+    return request.app[_ENGINE]  # type: ignore[return-value]
+
+
+def _ok(request: web.Request, body: dict[str, Any]) -> web.Response:
+    return web.json_response({**body, "policy_version": _engine(request).version})
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Translate every failure into the contract's error body."""
+    version = _engine(request).version
+    try:
+        return await handler(request)
+    except (InvalidRequestError, WeightLoadError) as exc:
+        kind = getattr(exc, "type", "invalid_request_error")
+        return _error(400, str(exc), kind, version)
+    except ValidationError as exc:
+        return _error(400, exc.json(include_url=False), "invalid_request_error", version)
+    except EngineClosedError as exc:
+        return _error(503, str(exc), "service_unavailable", version)
+    except web.HTTPException as exc:
+        return _error(exc.status, exc.reason, "http_error", version)
+    except Exception as exc:  # the server's own fault: report it, keep serving
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, repr(exc), "internal_error", version)
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"body is not valid JSON: {exc}") from exc
+
+
+async def _completions(request: web.Request) -> web.Response:
+    engine, state = _engine(request), request.app[_STATE]
+    req = CompletionRequest.model_validate(await _body(request))
+    params = req.sampling()
+    request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
+    result = await engine.generate(req.prompt, params, request_id)
+    tokenizer = state["tokenizer"]
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer else ""
+    choice = CompletionChoice(
+        text=text,
+        token_ids=result.token_ids,
+        logprobs={"token_logprobs": result.logprobs} if params.logprobs is not None else None,
+        finish_reason=result.finish_reason,
+        stop_reason=result.stop_reason,
+    )
+    response = CompletionResponse(
+        id=request_id,
+        created=int(time.time()),
+        model=state["model_name"],
+        choices=[choice],
+        usage={
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.token_ids),
+            "total_tokens": result.prompt_tokens + len(result.token_ids),
+            "cached_tokens": result.cached_tokens,
+        },
+        policy_version=result.policy_version,
+    )
+    return web.Response(body=response.model_dump_json(), content_type="application/json")
+
+
+async def _abort(request: web.Request) -> web.Response:
+    body = await _body(request)
+    ids = body.get("request_ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise InvalidRequestError('expected {"request_ids": [str, ...]}')
+    return _ok(request, {"aborted": await _engine(request).abort(ids)})
+
+
+async def _pause(request: web.Request) -> web.Response:
+    mode = request.query.get("mode", "abort")
+    if mode != "abort":
+        raise InvalidRequestError(f"pause mode {mode!r} not supported; only 'abort'")
+    await _engine(request).pause()
+    return _ok(request, {"is_paused": True})
+
+
+async def _resume(request: web.Request) -> web.Response:
+    await _engine(request).resume()
+    return _ok(request, {"is_paused": False})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    # Exactly the contract's body: callers (and the cross-backend test) compare it whole.
+    return web.json_response({"is_paused": _engine(request).is_paused})
+
+
+async def _update_weights(request: web.Request) -> web.Response:
+    req = UpdateWeightsRequest.model_validate(await _body(request))
+    await _engine(request).update_weights(req.path, req.version)
+    return _ok(request, {"status": "ok", "version": req.version})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return _ok(request, {"status": "ok", "version": _engine(request).version})
+
+
+async def _info(request: web.Request) -> web.Response:
+    engine, state = _engine(request), request.app[_STATE]
+    status = ReplicaStatus(
+        replica_id=state["replica_id"],
+        backend=BACKEND,
+        model=state["model_name"],
+        version=engine.version,
+        max_model_len=engine.max_model_len,
+        is_paused=engine.is_paused,
+        running=engine.running,
+        waiting=engine.waiting,
+    )
+    return _ok(request, status.model_dump())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    registry = request.app[_STATE]["registry"]
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def _models(request: web.Request) -> web.Response:
+    engine, name = _engine(request), request.app[_STATE]["model_name"]
+    card = {
+        "id": name,
+        "object": "model",
+        "owned_by": "rollout",
+        "max_model_len": engine.max_model_len,
+    }
+    return _ok(request, {"object": "list", "data": [card]})
+
+
+async def create_app(
+    model_dir: str | Path,
+    *,
+    replica_id: str = "hf-0",
+    version: int = 0,
+    config: HFEngineConfig | None = None,
+    served_model_name: str | None = None,
+) -> web.Application:
+    """Load the model (in a worker thread) and build the app; the engine closes with the app."""
+    import asyncio
+
+    from workers.llm.replicas.hf_engine import HFEngine
+
+    engine = await asyncio.to_thread(HFEngine, model_dir, config, version)
+    tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineCollector(engine, replica_id))  # type: ignore[arg-type]
+    app = web.Application(middlewares=[_errors])
+    app[_ENGINE] = engine
+    app[_STATE] = {
+        "replica_id": replica_id,
+        "model_name": served_model_name or str(model_dir),
+        "tokenizer": tokenizer,
+        "registry": registry,
+    }
+
+    async def _close(_: web.Application) -> None:
+        await engine.aclose()
+
+    app.on_cleanup.append(_close)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/abort_requests", _abort)
+    app.router.add_post("/pause", _pause)
+    app.router.add_post("/resume", _resume)
+    app.router.add_get("/is_paused", _is_paused)
+    app.router.add_post("/update_weights", _update_weights)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/info", _info)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/v1/models", _models)
+    logger.info("replica %s: model %s version %d ready", replica_id, model_dir, version)
+    return app
+
+
+def _load_tokenizer(model_dir: str | Path) -> Any:
+    """The model's tokenizer for the `text` field, or None (token ids are what matter)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        logger.warning("no tokenizer in %s (%s); responses carry empty text", model_dir, exc)
+        return None
+
+
+def serve(
+    model_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replica_id: str | None = None,
+    version: int = 0,
+    *,
+    threads: int = 2,
+    max_batch: int = 64,
+    prefix_cache_tokens: int = 32768,
+    max_model_len: int | None = None,
+    served_model_name: str | None = None,
+) -> None:
+    """Run the replica until interrupted (blocking)."""
+    from workers.llm.replicas.hf_engine import HFEngineConfig
+
+    config = HFEngineConfig(
+        threads=threads,
+        max_batch=max_batch,
+        prefix_cache_tokens=prefix_cache_tokens,
+        max_model_len=max_model_len,
+    )
+    rid = replica_id or f"{BACKEND}-{port}"
+    app = create_app(
+        model_dir,
+        replica_id=rid,
+        version=version,
+        config=config,
+        served_model_name=served_model_name,
+    )
+    logger.info("replica %s listening on http://%s:%d", rid, host, port)
+    web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workers.llm.replicas.hf", description=__doc__)
+    parser.add_argument("--model", required=True, help="Model directory (HF format).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--replica-id", default=None)
+    parser.add_argument("--version", type=int, default=0, help="Policy version served at start.")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads.")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--prefix-cache-tokens", type=int, default=32768)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    serve(
+        args.model,
+        args.host,
+        args.port,
+        args.replica_id,
+        args.version,
+        threads=args.threads,
+        max_batch=args.max_batch,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+        max_model_len=args.max_model_len,
+        served_model_name=args.served_model_name,
+    )
+
+
+if __name__ == "__main__":
+    main()

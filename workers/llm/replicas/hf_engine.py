@@ -1,0 +1,391 @@
+"""The `hf` inference engine: transformers on CPU, fp32, continuous batching, prefix KV cache.
+
+One engine thread owns the model and does all torch work; the asyncio side only queues work
+and awaits futures, so an event loop driving the engine stays responsive. Each loop
+iteration runs the queued commands (abort, pause, weight load), admits waiting requests
+(prefill, one at a time, reusing the longest cached prefix), then decodes one token for every
+running row in a single batched forward (`kv_batch.BatchKV`). A request that arrives while
+others run joins the batch at the next step.
+
+Invariants:
+- Commands run between steps, never inside one: a weight load never mixes two versions in
+  one forward, and an abort returns exactly the tokens sampled so far with their logprobs.
+- Every result carries `policy_version`, the version of the weights that sampled its tokens.
+  A weight update aborts everything in flight first, so one result never spans two versions.
+- While paused, queued requests wait; `pause()` aborts what was in flight when it was called.
+- The prefix cache is cleared with every weight update (its KV belongs to the old weights).
+- Token ids in a result include the stop token (eos or one of `stop_token_ids`) that ended
+  it; `stop_reason` is that id for `stop_token_ids`, None for eos (vLLM's convention).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from workers.llm.contract import SamplingParams
+from workers.llm.replicas import weights
+from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, ReplicaError
+from workers.llm.replicas.kv_batch import BatchKV, single_cache
+from workers.llm.replicas.prefix_cache import KV, PrefixCache
+from workers.llm.replicas.sampling import sample_batch
+from workers.llm.replicas.sequence import EngineSequence, GenerationResult
+
+__all__ = ["EngineStats", "GenerationResult", "HFEngine", "HFEngineConfig"]
+
+logger = logging.getLogger("rollout.llm.replica.hf_engine")
+
+
+class HFEngineConfig(BaseModel):
+    """Knobs of the CPU engine."""
+
+    threads: int = Field(default=2, ge=1, le=64, description="torch intra-op threads.")
+    max_batch: int = Field(default=64, ge=1, description="Running sequences at most.")
+    prefix_cache_tokens: int = Field(
+        default=32768, ge=0, description="Tokens of finished sequences' KV kept for reuse."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="Context limit; default: the model's max positions."
+    )
+
+
+@dataclass
+class EngineStats:
+    generated_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+class HFEngine:
+    """Continuous-batching generation over a transformers causal LM; see the module docstring."""
+
+    def __init__(
+        self, model_dir: str | Path, config: HFEngineConfig | None = None, version: int = 0
+    ) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.config = config or HFEngineConfig()
+        self.model_dir = str(model_dir)
+        torch.set_num_threads(self.config.threads)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        self.model = model.eval().requires_grad_(False)
+        cfg = model.config
+        self.vocab_size = int(cfg.vocab_size)
+        self.max_model_len = self.config.max_model_len or int(cfg.max_position_embeddings)
+        self._eos = set(_as_list(cfg.eos_token_id))
+        try:
+            self._eos |= set(
+                _as_list(GenerationConfig.from_pretrained(self.model_dir).eos_token_id)
+            )
+        except OSError:
+            pass
+        heads = int(cfg.num_key_value_heads or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self._geometry = (int(cfg.num_hidden_layers), heads, head_dim)
+        self._batch = BatchKV(*self._geometry)
+        self._rows: list[EngineSequence] = []
+        self._prefix = PrefixCache(self.config.prefix_cache_tokens)
+        self._targets = weights.targets(self.model)
+        self.version = version
+        self.stats = EngineStats()
+        self._cv = threading.Condition()
+        self._waiting: deque[EngineSequence] = deque()
+        self._commands: list[tuple[Callable[[], object], concurrent.futures.Future[object]]] = []
+        self._order = itertools.count()
+        self._paused = False
+        self._closed = False
+        self._control: asyncio.Lock | None = None
+        self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    # ---- asyncio side -------------------------------------------------------------------
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def validate(self, prompt: Sequence[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError for a request this engine cannot serve."""
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"context of {self.max_model_len} tokens"
+            )
+
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> GenerationResult:
+        """Generate for one prompt; returns when it stops, hits a limit or is aborted."""
+        self.validate(prompt, params)
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seq = EngineSequence(
+            request_id=request_id or f"req-{secrets.token_hex(8)}",
+            prompt=list(prompt),
+            params=params,
+            loop=loop,
+            future=loop.create_future(),
+            generator=torch.Generator().manual_seed(seed),
+            order=0,
+        )
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("engine is closed")
+            seq.order = next(self._order)
+            self._waiting.append(seq)
+            self._cv.notify()
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            self._submit(lambda: self._abort_where(lambda s: s is seq))
+            raise
+
+    async def abort(self, request_ids: Sequence[str]) -> list[str]:
+        """Abort these requests (running or queued); returns the ids that were in flight."""
+        wanted = set(request_ids)
+        found = await self._call(lambda: self._abort_where(lambda s: s.request_id in wanted))
+        return sorted({s.request_id for s in found})
+
+    async def pause(self) -> None:
+        """Abort everything in flight now; requests that come later wait for `resume()`."""
+        async with self._control_lock():
+            with self._cv:
+                self._paused = True
+                cutoff = next(self._order)
+            await self._call(lambda: self._abort_where(lambda s: s.order < cutoff))
+
+    async def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify()
+
+    async def update_weights(self, path: str | Path, version: int) -> None:
+        """Load a checkpoint directory into the live model and serve it as `version`.
+
+        The checkpoint is read and checked before anything is interrupted; a bad one raises
+        WeightLoadError and leaves weights and version untouched. Then everything in flight is
+        aborted, the weights are copied between two steps, the prefix cache is dropped, and
+        generation resumes (unless the engine was paused before, then it stays paused).
+        """
+        async with self._control_lock():
+            state = await asyncio.to_thread(weights.read_checkpoint, path, self._targets)
+            with self._cv:
+                was_paused, self._paused = self._paused, True
+                cutoff = next(self._order)
+
+            def apply() -> None:
+                self._abort_where(lambda s: s.order < cutoff)
+                weights.copy_into(self._targets, state)
+                self._prefix.clear()
+                self.version = version
+
+            try:
+                await self._call(apply)
+            finally:
+                with self._cv:
+                    self._paused = was_paused
+                    self._cv.notify()
+            logger.info("loaded weights version=%d from %s", version, path)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop the engine thread; whatever is in flight ends with finish_reason 'abort'."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _control_lock(self) -> asyncio.Lock:
+        if self._control is None:
+            self._control = asyncio.Lock()
+        return self._control
+
+    def _submit(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
+        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
+        with self._cv:
+            if self._closed:
+                fut.set_exception(EngineClosedError("engine is closed"))
+                return fut
+            self._commands.append((fn, fut))
+            self._cv.notify()
+        return fut
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.wrap_future(self._submit(fn))
+
+    # ---- engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.config.threads)
+        with torch.inference_mode():
+            self._warmup()
+            while True:
+                with self._cv:
+                    while not (
+                        self._closed
+                        or self._commands
+                        or self._rows
+                        or (self._waiting and not self._paused)
+                    ):
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                    commands, self._commands = self._commands, []
+                for fn, fut in commands:
+                    try:
+                        fut.set_result(fn())
+                    except Exception as exc:  # reported to the caller, who raised it
+                        fut.set_exception(exc)
+                try:
+                    self._admit()
+                    if self._rows:
+                        self._decode()
+                except Exception as exc:
+                    logger.exception("engine step failed; failing %d running", len(self._rows))
+                    self._fail_running(ReplicaError(f"engine step failed: {exc!r}"))
+            self._abort_where(lambda s: True)
+            for _fn, fut in self._commands:
+                fut.set_exception(EngineClosedError("engine is closed"))
+        logger.info("engine thread stopped")
+
+    def _warmup(self) -> None:
+        cache = single_cache(None, *self._geometry, new=8)
+        self.model(input_ids=torch.zeros((1, 4), dtype=torch.long), past_key_values=cache)
+
+    def _admit(self) -> None:
+        with self._cv:
+            if self._paused:
+                return
+            room = self.config.max_batch - len(self._rows)
+            admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        joined: list[EngineSequence] = []
+        kvs: list[KV] = []
+        for seq in admitted:
+            try:
+                kv = self._prefill(seq)
+            except Exception as exc:  # fails this request only; the others go on
+                logger.exception("prefill of %s failed", seq.request_id)
+                seq.deliver(ReplicaError(repr(exc)))
+                continue
+            if seq.finish is not None:
+                self._prefix.insert(seq.prompt, kv)
+                seq.deliver()
+            else:
+                joined.append(seq)
+                kvs.append(kv)
+        if joined:
+            self._rows.extend(joined)  # first: if add() fails, they fail with the rest
+            self._batch.add(kvs)
+
+    def _prefill(self, seq: EngineSequence) -> KV:
+        """Run the prompt past its longest cached prefix and sample the first token."""
+        seq.version = self.version
+        n = len(seq.prompt)
+        reuse, prefix = self._prefix.lookup(seq.prompt, limit=n - 1)
+        self.stats.prefix_cache_queries += n
+        self.stats.prefix_cache_hits += reuse
+        seq.cached_tokens = reuse
+        cache = single_cache(prefix, *self._geometry, new=n - reuse + 1)
+        out = self.model(
+            input_ids=torch.tensor([seq.prompt[reuse:]]),
+            attention_mask=torch.ones((1, n), dtype=torch.long),
+            position_ids=torch.arange(reuse, n)[None, :],
+            past_key_values=cache,
+            logits_to_keep=1,
+        )
+        self._append_rows([seq], out.logits[:, -1].float())
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _decode(self) -> None:
+        mask, positions = self._batch.step_inputs()
+        inputs = torch.tensor([[s.out[-1]] for s in self._rows])
+        out = self.model(
+            input_ids=inputs,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._batch.cache(),
+            logits_to_keep=1,
+        )
+        self._batch.advanced()
+        self._append_rows(self._rows, out.logits[:, -1].float())
+        done = [i for i, s in enumerate(self._rows) if s.finish is not None]
+        if done:
+            self._retire(done)
+
+    def _append_rows(self, rows: list[EngineSequence], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample_batch(
+            logits, [s.params for s in rows], [s.generator for s in rows]
+        )
+        self.stats.generated_tokens += len(rows)
+        for seq, tok, lp in zip(rows, tokens, logprobs, strict=True):
+            seq.append(tok, lp, self._eos, self.max_model_len)
+
+    def _retire(self, indices: list[int]) -> None:
+        """Take these rows out of the batch, keep their KV for reuse, deliver their results."""
+        gone = set(indices)
+        for i in indices:
+            seq = self._rows[i]
+            self._prefix.insert(seq.prompt + seq.out[:-1], self._batch.row_kv(i))
+            seq.deliver()
+        keep = [i for i in range(len(self._rows)) if i not in gone]
+        self._batch.keep(keep)
+        self._rows = [self._rows[i] for i in keep]
+
+    def _abort_where(self, pred: Callable[[EngineSequence], bool]) -> list[EngineSequence]:
+        """Abort matching running and queued sequences (engine thread only)."""
+        with self._cv:
+            queued = [s for s in self._waiting if pred(s)]
+            for seq in queued:
+                self._waiting.remove(seq)
+        running = [i for i, s in enumerate(self._rows) if pred(s)]
+        found = [self._rows[i] for i in running] + queued
+        for seq in found:
+            seq.finish = "abort"
+            if seq in queued:
+                seq.version = self.version
+        if running:
+            self._retire(running)
+        for seq in queued:
+            seq.deliver()
+        return found
+
+    def _fail_running(self, exc: BaseException) -> None:
+        for seq in self._rows:
+            seq.deliver(exc)
+        self._rows = []
+        self._batch.keep([])
+
+
+def _as_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)

@@ -1,0 +1,101 @@
+"""Launch `hf` replicas as local subprocesses (benchmarks, the demo, tests).
+
+Each replica is a real `python -m workers.llm.replicas.hf` process on a free loopback port;
+`LocalReplicas` waits until every one answers `/health` and stops them all on exit (SIGTERM,
+then SIGKILL), whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["LocalReplicas"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalReplicas:
+    """`with LocalReplicas(model_dir, count=2) as reps: reps.addresses`."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        count: int = 2,
+        *,
+        threads: int = 1,
+        log_dir: str | Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        version: int = 0,
+    ) -> None:
+        self.model_dir = str(model_dir)
+        self.count = count
+        self.threads = threads
+        self.extra_args = extra_args
+        self.version = version
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rollout-replicas-"))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.addresses: list[str] = []
+        self.ids: list[str] = []
+
+    def start(self, timeout_s: float = 180.0) -> LocalReplicas:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(self.count):
+            port = _free_port()
+            rid = f"hf-local-{port}"
+            log = (self.log_dir / f"{rid}.log").open("wb")
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "workers.llm.replicas.hf", "--model", self.model_dir,
+                     "--port", str(port), "--replica-id", rid, "--threads", str(self.threads),
+                     "--version", str(self.version), "--log-level", "WARNING", *self.extra_args],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+            )
+            log.close()
+            self.addresses.append(f"http://127.0.0.1:{port}")
+            self.ids.append(rid)
+        deadline = time.monotonic() + timeout_s
+        for proc, address, rid in zip(self.procs, self.addresses, self.ids, strict=True):
+            while not self._healthy(address):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"replica {rid} exited; see {self.log_dir / (rid + '.log')}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"replica {rid} not healthy after {timeout_s:.0f}s")
+                time.sleep(0.3)
+        return self
+
+    @staticmethod
+    def _healthy(address: str) -> bool:
+        try:
+            with urllib.request.urlopen(address + "/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> LocalReplicas:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
