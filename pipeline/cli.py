@@ -249,6 +249,13 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.agent_loop import run
+
+    _emit(run(cfg.kafka, prompts=args.prompts, rounds=args.rounds, model_dir=args.model), args.json)
+    return 0
+
+
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         _print_json(result)
@@ -384,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--json", action="store_true")
     engine.set_defaults(handler=cmd_bench_engine)
+    agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
+    agent_bench.add_argument("--prompts", type=int, default=48)
+    agent_bench.add_argument("--rounds", type=int, default=2)
+    agent_bench.add_argument("--model", help="Model directory (default: build the tiny model).")
+    agent_bench.add_argument("--json", action="store_true")
+    agent_bench.set_defaults(handler=cmd_bench_agent_loop)
 
     return parser
 

@@ -116,13 +116,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class ReplicaProcess:
     """A real `rollout replica serve --backend hf` subprocess on a free port."""
 
-    def __init__(self, model: Path, replica_id: str, log_dir: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        model: Path,
+        replica_id: str,
+        log_dir: Path,
+        *extra: str,
+        global_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.replica_id = replica_id
         self.address = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{replica_id}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "hf",
+            [sys.executable, "-m", "pipeline.cli", *global_args, "replica", "serve", "--backend", "hf",
              "--model", str(model), "--port", str(self.port), "--replica-id", replica_id,
              "--threads", "1", *extra],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,

@@ -158,3 +158,47 @@ async def test_admission_gate_waits_for_the_trainer(
     finally:
         worker.stop()
         await asyncio.wait_for(task, timeout=60)
+
+
+async def test_replicas_are_discovered_from_the_replicas_topic(
+    kafka_config, kafka_bootstrap, topics_config, tiny_model, unique, tmp_path
+) -> None:
+    from tests.conftest import ReplicaProcess
+    from workers.kafka.clients import make_consumer
+
+    replica = ReplicaProcess(
+        tiny_model,
+        unique("reg"),
+        tmp_path,
+        "--register",
+        global_args=(
+            "--bootstrap",
+            kafka_bootstrap,
+            "--set",
+            f"topics.prefix={topics_config.prefix}",
+        ),
+    )
+    try:
+        replica.wait_healthy()
+        produce_prompts(
+            kafka_config, topics_config.name("prompts"), [prompt("disc-1", "What is 2 + 2?")]
+        )
+        cfg = worker_config(tiny_model, [], group_id=unique("al"), n=1)  # no replicas: discover
+        worker = AgentLoopWorker(kafka_config, topics_config, cfg)
+        await run_worker_until(worker, lambda: worker.counters["trajectories"] >= 1, timeout_s=90)
+        assert worker.counters["trajectories"] == 1
+    finally:
+        replica.stop()
+
+    consumer = make_consumer(kafka_config, topics_config.name("replicas"), group_id=None)
+    records = []
+    for _ in range(20):
+        for batch in consumer.poll(timeout_ms=500).values():
+            records.extend(batch)
+        if len(records) >= 2:
+            break
+    consumer.close()
+    assert records[0].key == replica.replica_id.encode() and records[0].value is not None
+    assert (
+        records[-1].key == replica.replica_id.encode() and records[-1].value is None
+    )  # tombstone on stop

@@ -43,7 +43,9 @@ class LocalReplicas:
         self.threads = threads
         self.extra_args = extra_args
         self.version = version
-        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rollout-replicas-"))
+        self.log_dir = (
+            Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rollout-replicas-"))
+        )
         self.procs: list[subprocess.Popen[bytes]] = []
         self.addresses: list[str] = []
         self.ids: list[str] = []
@@ -56,11 +58,28 @@ class LocalReplicas:
             log = (self.log_dir / f"{rid}.log").open("wb")
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "workers.llm.replicas.hf", "--model", self.model_dir,
-                     "--port", str(port), "--replica-id", rid, "--threads", str(self.threads),
-                     "--version", str(self.version), "--log-level", "WARNING", *self.extra_args],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                )  # fmt: skip
+                    [
+                        sys.executable,
+                        "-m",
+                        "workers.llm.replicas.hf",
+                        "--model",
+                        self.model_dir,
+                        "--port",
+                        str(port),
+                        "--replica-id",
+                        rid,
+                        "--threads",
+                        str(self.threads),
+                        "--version",
+                        str(self.version),
+                        "--log-level",
+                        "WARNING",
+                        *self.extra_args,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
             )
             log.close()
             self.addresses.append(f"http://127.0.0.1:{port}")
@@ -97,5 +116,10 @@ class LocalReplicas:
     def __enter__(self) -> LocalReplicas:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

@@ -1,0 +1,180 @@
+"""`rollout bench agent-loop`: what Kafka costs the agent loops.
+
+The same number of prompts, on the same replicas, run (a) by calling the agent loops directly
+in one process, bounded to the same concurrency as the worker, and (b) through the pipeline:
+produce to the prompts topic → the agent-loop worker → every turn on the turns topic,
+consumed by a reader until every trajectory's final turn has arrived. Each phase gets fresh
+prompts of the same shape (so neither profits from the other's prefix cache), phases
+alternate (a, b, a, b) and the better round of each counts. ratio = (b) / (a) throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+from pipeline.bench.common import bench_broker, tiny_model
+from schemas.codec import decode, encode, headers_for
+from schemas.events import PromptEvent
+from workers.agent_loop.base import AgentContext, get_agent_loop
+from workers.agent_loop.config import AgentLoopWorkerConfig
+from workers.agent_loop.worker import AgentLoopWorker
+from workers.kafka.clients import make_consumer, make_producer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.llm.contract import SamplingParams
+from workers.llm.replicas.local import LocalReplicas
+
+__all__ = ["run"]
+
+
+def _prompts(count: int, tag: str) -> list[PromptEvent]:
+    return [
+        PromptEvent(
+            uid=f"{tag}-{i}",
+            prompt=[
+                {
+                    "role": "user",
+                    "content": f"{tag}: what is {i % 10} + {(i * 7) % 10}? Answer with ####.",
+                }
+            ],
+            data_source="openai/gsm8k",
+        )
+        for i in range(count)
+    ]
+
+
+async def _direct(cfg: AgentLoopWorkerConfig, tokenizer: Any, prompts: list[PromptEvent]) -> float:
+    from workers.llm.client import LLMClient
+
+    loop_cls = get_agent_loop(cfg.loops.default_agent)
+    limit = asyncio.Semaphore(cfg.max_samples_in_flight)
+
+    async def on_turn(_record: Any) -> None:
+        return None
+
+    async with LLMClient(cfg.llm, cfg.replicas) as llm:
+        context = AgentContext(llm=llm, tokenizer=tokenizer, on_turn=on_turn,
+                               max_prompt_length=cfg.loops.max_prompt_length,
+                               max_response_length=cfg.loops.max_response_length)  # fmt: skip
+
+        async def sample(prompt: PromptEvent, index: int) -> None:
+            async with limit:
+                await loop_cls(context).run(
+                    cfg.sampling, messages=[m.model_dump(exclude_none=True) for m in prompt.prompt],
+                    request_id=f"{prompt.uid}/{index}",
+                )  # fmt: skip
+
+        started = time.perf_counter()
+        await asyncio.gather(*(sample(p, i) for p in prompts for i in range(cfg.n)))
+        return time.perf_counter() - started
+
+
+async def _through_kafka(
+    kafka: KafkaConfig, cfg: AgentLoopWorkerConfig, tokenizer: Any, prompts: list[PromptEvent]
+) -> float:
+    topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
+    from pipeline.topics import create_topics, delete_topics
+
+    create_topics(kafka, topics, ["prompts", "turns", "dlq", "policy", "replicas"])
+    expected = len(prompts) * cfg.n
+    finished = threading.Event()
+
+    def read_finals() -> None:
+        consumer = make_consumer(kafka, topics.name("turns"), group_id=None)
+        seen: set[str] = set()
+        try:
+            while len(seen) < expected:
+                for records in consumer.poll(timeout_ms=200).values():
+                    for record in records:
+                        turn = decode(record.value)
+                        if turn.final:
+                            seen.add(turn.trajectory_id)
+        finally:
+            consumer.close()
+            finished.set()
+
+    reader = threading.Thread(target=read_finals, daemon=True)
+    reader.start()
+    worker_cfg = cfg.model_copy(update={"group_id": f"bench-{uuid.uuid4().hex[:8]}"})
+    worker = AgentLoopWorker(kafka, topics, worker_cfg, tokenizer=tokenizer)
+    task = asyncio.create_task(worker.run())
+    # Steady state is what is measured: the clock starts once the worker owns its partitions
+    # (joining a consumer group is a one-time cost of a process, not of each prompt).
+    while worker.consumer is None or not worker.consumer.assignment():
+        await asyncio.sleep(0.05)
+        if task.done():
+            task.result()
+    started = time.perf_counter()
+    producer = make_producer(kafka)
+    for prompt in prompts:
+        producer.send(
+            topics.name("prompts"),
+            key=prompt.uid,
+            value=encode(prompt),
+            headers=headers_for(prompt),
+        )
+    producer.flush()
+    producer.close()
+    while not finished.is_set():
+        await asyncio.sleep(0.05)
+        if task.done():
+            task.result()
+    elapsed = time.perf_counter() - started
+    worker.stop()
+    await task
+    delete_topics(kafka, topics)
+    return elapsed
+
+
+def run(
+    kafka: KafkaConfig,
+    *,
+    prompts: int = 48,
+    n: int = 2,
+    max_tokens: int = 24,
+    replicas: int = 2,
+    concurrency: int = 16,
+    rounds: int = 2,
+    model_dir: str | None = None,
+) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    with (
+        tiny_model(model_dir) as model,
+        bench_broker(kafka) as kafka_cfg,
+        LocalReplicas(model, replicas) as reps,
+    ):
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        cfg = AgentLoopWorkerConfig(
+            model=model, n=n, replicas=reps.addresses, max_samples_in_flight=concurrency,
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True),
+        )  # fmt: skip
+        direct_s: list[float] = []
+        kafka_s: list[float] = []
+
+        async def rounds_() -> None:
+            for r in range(rounds):
+                direct_s.append(await _direct(cfg, tokenizer, _prompts(prompts, f"direct{r}")))
+                kafka_s.append(
+                    await _through_kafka(kafka_cfg, cfg, tokenizer, _prompts(prompts, f"kafka{r}"))
+                )
+
+        asyncio.run(rounds_())
+    samples = prompts * n
+    direct_rate = samples / min(direct_s)
+    kafka_rate = samples / min(kafka_s)
+    return {
+        "benchmark": "agent-loop",
+        "trajectories": samples,
+        "max_tokens": max_tokens,
+        "replicas": replicas,
+        "concurrency": concurrency,
+        "direct_trajectories_per_s": round(direct_rate, 2),
+        "kafka_trajectories_per_s": round(kafka_rate, 2),
+        "direct_wall_s": [round(s, 2) for s in direct_s],
+        "kafka_wall_s": [round(s, 2) for s in kafka_s],
+        "ratio": round(kafka_rate / direct_rate, 3),
+    }
