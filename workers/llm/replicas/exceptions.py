@@ -1,7 +1,8 @@
 """Errors of the replica layer.
 
 RolloutError                        (schemas.errors)
-└── ReplicaError                    anything a replica backend raises on purpose
+└── BackendError                    anything a replica backend raises on purpose (server side;
+    │                               the client's view of a failing replica is workers.llm.exceptions.ReplicaError)
     ├── BackendUnavailableError     unknown backend name, or its module failed to import
     ├── InvalidRequestError         a request the replica will not serve (→ HTTP 400)
     ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
@@ -14,19 +15,19 @@ from __future__ import annotations
 from schemas.errors import RolloutError
 
 __all__ = [
+    "BackendError",
     "BackendUnavailableError",
     "EngineClosedError",
     "InvalidRequestError",
-    "ReplicaError",
     "WeightLoadError",
 ]
 
 
-class ReplicaError(RolloutError):
+class BackendError(RolloutError):
     """Root of the replica layer's errors."""
 
 
-class BackendUnavailableError(ReplicaError):
+class BackendUnavailableError(BackendError):
     """The named backend is unknown or cannot be imported here (e.g. vllm not installed)."""
 
     def __init__(self, name: str, reason: str) -> None:
@@ -35,7 +36,7 @@ class BackendUnavailableError(ReplicaError):
         self.reason = reason
 
 
-class InvalidRequestError(ReplicaError):
+class InvalidRequestError(BackendError):
     """A request that cannot be served as asked; `type` is the error type sent to the client."""
 
     def __init__(self, message: str, *, type: str = "invalid_request_error") -> None:
@@ -43,9 +44,9 @@ class InvalidRequestError(ReplicaError):
         self.type = type
 
 
-class WeightLoadError(ReplicaError):
+class WeightLoadError(BackendError):
     """A checkpoint that does not fit the served model (missing, unexpected or misshaped)."""
 
 
-class EngineClosedError(ReplicaError):
+class EngineClosedError(BackendError):
     """The engine is closed; no new requests are accepted."""

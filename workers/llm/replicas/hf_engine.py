@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from workers.llm.contract import SamplingParams
 from workers.llm.replicas import weights
-from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, ReplicaError
+from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
 from workers.llm.replicas.kv_batch import BatchKV, single_cache
 from workers.llm.replicas.prefix_cache import KV, PrefixCache
 from workers.llm.replicas.sampling import sample_batch
@@ -271,7 +271,7 @@ class HFEngine:
                         self._decode()
                 except Exception as exc:
                     logger.exception("engine step failed; failing %d running", len(self._rows))
-                    self._fail_running(ReplicaError(f"engine step failed: {exc!r}"))
+                    self._fail_running(BackendError(f"engine step failed: {exc!r}"))
             self._abort_where(lambda s: True)
             for _fn, fut in self._commands:
                 fut.set_exception(EngineClosedError("engine is closed"))
@@ -294,7 +294,7 @@ class HFEngine:
                 kv = self._prefill(seq)
             except Exception as exc:  # fails this request only; the others go on
                 logger.exception("prefill of %s failed", seq.request_id)
-                seq.deliver(ReplicaError(repr(exc)))
+                seq.deliver(BackendError(repr(exc)))
                 continue
             if seq.finish is not None:
                 self._prefix.insert(seq.prompt, kv)

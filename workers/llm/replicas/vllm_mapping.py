@@ -45,7 +45,7 @@ from workers.llm.contract import (
     CompletionResponse,
     FinishReason,
 )
-from workers.llm.replicas.exceptions import ReplicaError
+from workers.llm.replicas.exceptions import BackendError
 
 __all__ = [
     "FINISH_REASONS",
@@ -67,7 +67,7 @@ _TOKEN_ID_PREFIX = "token_id:"
 _LOGPROB_FLOOR = -9999.0  # vLLM's own clamp for -inf
 
 
-class VLLMUpstreamError(ReplicaError):
+class VLLMUpstreamError(BackendError):
     """vLLM failed a call, or answered outside what this backend relies on (→ HTTP 5xx)."""
 
 
