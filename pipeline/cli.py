@@ -249,6 +249,20 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.llm.bench_prefix import run
+
+    result = run(
+        args.model,
+        conversations=args.conversations,
+        concurrency=args.concurrency,
+        system_tokens=args.system_tokens,
+        task_tokens=args.task_tokens,
+    )
+    _emit(result, args.json)
+    return 0
+
+
 def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.bench.agent_loop import run
 
@@ -391,6 +405,16 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--json", action="store_true")
     engine.set_defaults(handler=cmd_bench_engine)
+    prefix = bsub.add_parser("prefix-routing", help="Sticky vs round-robin over 4 hf replicas.")
+    prefix.add_argument("--model", help="Model directory (default: build the tiny model).")
+    prefix.add_argument("--conversations", type=int, default=64)
+    prefix.add_argument("--concurrency", type=int, default=64)
+    prefix.add_argument(
+        "--system-tokens", type=int, default=640, help="Shared system prompt (tool schemas)."
+    )
+    prefix.add_argument("--task-tokens", type=int, default=64, help="Each conversation's own task.")
+    prefix.add_argument("--json", action="store_true")
+    prefix.set_defaults(handler=cmd_bench_prefix)
     agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
     agent_bench.add_argument("--prompts", type=int, default=48)
     agent_bench.add_argument("--rounds", type=int, default=2)
