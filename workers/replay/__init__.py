@@ -1,0 +1,1 @@
+"""The replay-buffer stage: scored trajectories → training groups, staleness-aware."""

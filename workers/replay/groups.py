@@ -1,0 +1,121 @@
+"""Pure logic of the replay stage: assemble groups, judge staleness, compute advantages.
+
+A group is the `n` samples of one prompt (uid). It is complete when `n` distinct
+`sample_index`es are in (a duplicate trajectory id — a redelivery or a second attempt that
+also completed — is dropped and counted). A group that waits longer than the timeout is
+emitted partial or dropped, by policy.
+
+Staleness of a group = current policy version − the group's `min_global_steps` (its oldest
+token's version); over `max_staleness` it goes to the stale topic (policy `drop`) or on to
+training anyway (`keep`).
+
+Advantages (GRPO): `A_i = r_i − mean(r)`, divided by `std(r) + eps` when normalising by std
+(Dr. GRPO turns that off). A group whose rewards are all equal carries no signal; with
+dynamic sampling (DAPO) it is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from schemas.events import ScoredTrajectory, TrainingGroup
+
+__all__ = ["Decision", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
+
+Drop = Literal["stale", "zero_variance", "timeout", "duplicate_group"]
+
+
+def group_advantages(
+    rewards: list[float], *, norm_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """GRPO group-normalised advantages (population std, as verl)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    centred = [r - mean for r in rewards]
+    if not norm_by_std or len(rewards) == 1:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / len(rewards))
+    return [c / (std + eps) for c in centred]
+
+
+@dataclass
+class PendingGroup:
+    uid: str
+    expected: int
+    first_seen: float = field(default_factory=time.monotonic)
+    samples: dict[int, ScoredTrajectory] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples) >= self.expected
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a finished (complete or timed-out) group."""
+
+    group: TrainingGroup | None
+    drop: Drop | None
+    staleness: int
+
+
+class GroupBuffer:
+    """Incomplete groups by uid; `add` returns the group when it completes."""
+
+    def __init__(self, default_n: int) -> None:
+        self.default_n = default_n
+        self.pending: dict[str, PendingGroup] = {}
+        self.duplicates = 0
+
+    def add(self, sample: ScoredTrajectory, expected: int | None = None) -> PendingGroup | None:
+        group = self.pending.get(sample.uid)
+        if group is None:
+            group = self.pending[sample.uid] = PendingGroup(sample.uid, expected or self.default_n)
+        if sample.sample_index in group.samples:
+            self.duplicates += 1
+            return None
+        group.samples[sample.sample_index] = sample
+        if group.complete:
+            return self.pending.pop(sample.uid)
+        return None
+
+    def expired(self, timeout_s: float, now: float | None = None) -> list[PendingGroup]:
+        now = time.monotonic() if now is None else now
+        late = [g for g in self.pending.values() if now - g.first_seen >= timeout_s]
+        for group in late:
+            del self.pending[group.uid]
+        return late
+
+
+def judge(
+    group: PendingGroup,
+    *,
+    current_version: int,
+    max_staleness: int | None,
+    stale_policy: Literal["drop", "keep"],
+    drop_zero_variance: bool,
+    norm_by_std: bool,
+) -> Decision:
+    """Staleness policy, dynamic sampling and advantages for one finished group."""
+    samples = [group.samples[i] for i in sorted(group.samples)]
+    low = min(s.extra_fields.min_global_steps for s in samples)
+    high = max(s.extra_fields.max_global_steps for s in samples)
+    staleness = max(0, current_version - low)
+    rewards = [s.reward_score for s in samples]
+    built = TrainingGroup(
+        uid=group.uid,
+        samples=samples,
+        advantages=group_advantages(rewards, norm_by_std=norm_by_std),
+        min_global_steps=low,
+        max_global_steps=high,
+        emitted_at_version=current_version,
+    )
+    if max_staleness is not None and staleness > max_staleness and stale_policy == "drop":
+        return Decision(built, "stale", staleness)
+    if drop_zero_variance and len(samples) > 1 and max(rewards) == min(rewards):
+        return Decision(built, "zero_variance", staleness)
+    return Decision(built, None, staleness)
