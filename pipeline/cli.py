@@ -209,6 +209,36 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _stop_event_on_signals() -> Any:
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from dataclasses import asdict
+
+    from workers.trainer.trainer import run_trainer
+
+    trainer_cfg = cfg.trainer
+    if args.model:
+        trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
+    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, _stop_event_on_signals())
+    _print_json(asdict(result))
+    return 0
+
+
+def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.trainer.controller import run_controller
+
+    run_controller(cfg.kafka, cfg.topics, args.replica, _stop_event_on_signals())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
@@ -374,6 +404,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
     serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
     serve.set_defaults(handler=cmd_replica_serve)
+
+    sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
+    sync.add_argument("--replica", required=True, help="The replica's URL.")
+    sync.set_defaults(handler=cmd_replica_sync)
+
+    train = sub.add_parser("train", help="The off-policy trainer on the replay topic.")
+    train.add_argument("--model", help="Model directory (trainer.model_dir).")
+    train.set_defaults(handler=cmd_train)
 
     worker = sub.add_parser("worker", help="Pipeline stages.")
     wsub = worker.add_subparsers(dest="stage", required=True)

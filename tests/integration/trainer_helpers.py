@@ -1,0 +1,110 @@
+"""Helpers for trainer tests: TrainingGroups with real tiny-model tokens and behaviour logprobs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas.codec import decode, encode, headers_for
+from schemas.events import ExtraFields, PolicyVersion, ScoredTrajectory, TrainingGroup
+from workers.kafka.clients import make_consumer, make_producer
+from workers.kafka.config import KafkaConfig
+
+
+def behaviour_logprobs(model: Any, prompt: list[int], response: list[int]) -> list[float]:
+    """What a replica would report: log π(response token), one unpadded sequence at a time."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def make_groups(
+    model_dir: Path, count: int, *, n: int = 2, seed: int = 0, prefix: str = "p", version: int = 0
+) -> list[TrainingGroup]:
+    """`count` groups of `n` samples; some samples carry a tool span (response_mask 0)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    rng = random.Random(seed)
+    vocab = model.config.vocab_size
+    groups = []
+    for g in range(count):
+        uid = f"{prefix}-{g}"
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
+        samples, scores = [], []
+        for i in range(n):
+            response = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))]
+            mask = [1] * len(response)
+            if i % 2 == 1 and len(response) > 4:
+                mask[2:4] = [0, 0]  # a tool response inside the trajectory
+            score = float(rng.random() < 0.5)
+            scores.append(score)
+            samples.append(
+                ScoredTrajectory(
+                    uid=uid,
+                    trajectory_id=f"{uid}/{i}",
+                    sample_index=i,
+                    attempt_id=f"att-{g}-{i}",
+                    data_source="test",
+                    prompt_ids=prompt,
+                    response_ids=response,
+                    response_mask=mask,
+                    response_logprobs=behaviour_logprobs(model, prompt, response),
+                    num_turns=2,
+                    reward_score=score,
+                    extra_fields=ExtraFields(min_global_steps=version, max_global_steps=version),
+                )
+            )
+        mean = sum(scores) / n
+        groups.append(
+            TrainingGroup(
+                uid=uid,
+                samples=samples,
+                advantages=[s - mean for s in scores],
+                min_global_steps=version,
+                max_global_steps=version,
+                emitted_at_version=version,
+            )
+        )
+    return groups
+
+
+def produce(kafka: KafkaConfig, topic: str, groups: list[TrainingGroup]) -> None:
+    producer = make_producer(kafka, name="test-replay")
+    try:
+        futures = [
+            producer.send(topic, key=g.uid, value=encode(g), headers=headers_for(g)) for g in groups
+        ]
+        for future in futures:
+            future.get(timeout=30)
+    finally:
+        producer.close()
+
+
+def read_all(kafka: KafkaConfig, topic: str, *, timeout_s: float = 5.0) -> list[Any]:
+    """Every record of `topic` from the beginning (record objects), until quiet."""
+    consumer = make_consumer(kafka, topic, group_id=None, name="test-read")
+    out: list[Any] = []
+    try:
+        idle = 0.0
+        while idle < timeout_s:
+            batch = consumer.poll(timeout_ms=500)
+            if not batch:
+                idle += 0.5
+                continue
+            idle = 0.0
+            for records in batch.values():
+                out.extend(records)
+    finally:
+        consumer.close()
+    return out
+
+
+def policy_versions(kafka: KafkaConfig, topic: str) -> list[PolicyVersion]:
+    return [decode(r.value) for r in read_all(kafka, topic, timeout_s=2.0)]

@@ -1,0 +1,132 @@
+"""`TrainerConfig`: everything the off-policy trainer is configured by, and nothing else.
+
+Imports no torch (the CLI parses it before anything heavy loads). Names of the loss knobs
+follow verl: `clip_ratio_low`/`clip_ratio_high` (PPO clip ε), `rollout_is_threshold` (the
+truncation cap C of the behaviour importance weights), `rollout_is_level`
+(token | sequence | geometric). See `workers.trainer.loss` for the exact formula.
+
+Cross-field rules checked at start:
+- with `stale_policy='drop'`, `max_staleness >= sync_every - 1`: replicas only see every
+  `sync_every`-th version, so a smaller bound would drop every group;
+- `keep_checkpoints >= 2`: a replica may still be loading the previous checkpoint while the
+  next one is written, so the one before the newest is never deleted.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["ISLevel", "StalePolicy", "TrainerConfig"]
+
+ISLevel = Literal["token", "sequence", "geometric"]
+StalePolicy = Literal["drop", "keep"]
+
+
+class TrainerConfig(BaseModel):
+    """The off-policy trainer: model, optimisation, loss, staleness, checkpoints, Kafka group."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: str = Field(
+        default="",
+        description="HF model directory the replicas serve (weights, config, tokenizer); "
+        "ignored on restart when `checkpoint_dir` holds a checkpoint.",
+    )
+    checkpoint_dir: str = Field(
+        default="checkpoints",
+        min_length=1,
+        description="Shared storage for `step-N/` checkpoints and the `latest` pointer.",
+    )
+    keep_checkpoints: int = Field(
+        default=3, ge=2, le=1000, description="Newest checkpoints kept; older ones are deleted."
+    )
+    metrics_file: str | None = Field(
+        default=None,
+        description="JSON-lines log of every step (metrics + trajectory ids); "
+        "default: `<checkpoint_dir>/metrics.jsonl`.",
+    )
+    group_id: str = Field(
+        default="trainer",
+        min_length=1,
+        description="Consumer group on the replay topic (offsets committed for monitoring; "
+        "the checkpoint's offsets are the truth on restart).",
+    )
+    train_batch_size: int = Field(default=8, ge=1, le=65536, description="Groups per step.")
+    micro_batch_size: int = Field(
+        default=8, ge=1, le=65536, description="Samples per forward/backward (grad accumulation)."
+    )
+    lr: float = Field(default=1e-4, gt=0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm; None: no clipping."
+    )
+    clip_ratio_low: float = Field(
+        default=0.2, gt=0, lt=1, description="PPO clip ε below 1 (ratio ≥ 1 − ε_low)."
+    )
+    clip_ratio_high: float = Field(
+        default=0.2, gt=0, le=10, description="PPO clip ε above 1 (ratio ≤ 1 + ε_high; DAPO 0.28)."
+    )
+    rollout_is_threshold: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=1e6,
+        description="Cap C of the truncated behaviour importance weights min(w, C).",
+    )
+    rollout_is_level: ISLevel = Field(
+        default="token",
+        description="token: per-token w; sequence: product over the response; "
+        "geometric: exp of the mean log-ratio.",
+    )
+    entropy_coeff: float = Field(
+        default=0.0, ge=0, le=1.0, description="Entropy bonus weight (0: entropy only logged)."
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Largest `trainer version − min_global_steps` trained; None: unbounded.",
+    )
+    stale_policy: StalePolicy = Field(
+        default="drop", description="Too-old groups: drop (to the stale topic) or keep (train)."
+    )
+    sync_every: int = Field(
+        default=1, ge=1, le=100_000, description="Steps between checkpoint + PolicyVersion."
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this global step; None: run until stopped."
+    )
+    idle_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Stop (cleanly, with a final checkpoint) after this long without input.",
+    )
+    poll_timeout_s: float = Field(
+        default=0.5, gt=0, le=60, description="How long one poll of the replay topic waits."
+    )
+    dedup_window: int = Field(
+        default=100_000,
+        ge=0,
+        le=10_000_000,
+        description="Recently trained groups remembered (in checkpoints) to skip redeliveries.",
+    )
+    torch_threads: int = Field(default=2, ge=1, le=256, description="torch intra-op threads.")
+    seed: int = Field(default=0, ge=0, description="torch seed at start.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        if (
+            self.max_staleness is not None
+            and self.stale_policy == "drop"
+            and self.max_staleness < self.sync_every - 1
+        ):
+            raise ValueError(
+                f"max_staleness={self.max_staleness} < sync_every-1={self.sync_every - 1}: "
+                "replicas see every sync_every-th version, so every group would be dropped"
+            )
+        return self
+
+    @property
+    def metrics_path(self) -> str:
+        return self.metrics_file or f"{self.checkpoint_dir.rstrip('/')}/metrics.jsonl"

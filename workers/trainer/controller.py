@@ -1,0 +1,227 @@
+"""The replica weight-sync controller: `rl.policy` → `POST /update_weights` on one replica.
+
+    python -m workers.trainer.controller --replica http://127.0.0.1:8100 [--bootstrap H:P]
+        [--prefix rl.] [--config stage.yaml]
+
+or embedded beside a replica: `run_controller(kafka, topics, replica_url, stop_event)` in a
+thread. It reads the compacted policy topic from the beginning without a consumer group
+(every replica sees every version), keeps the newest `PolicyVersion`, and whenever that is
+newer than what the replica serves (its `/health` version) posts `{path, version}` to the
+replica's `/update_weights`, which by the replica contract pauses (aborting in-flight
+requests, which the LLM client resumes transparently), loads, sets the version and resumes.
+
+Invariants:
+- Idempotent: a version the replica already serves (or a newer one) is never posted again;
+  intermediate versions that arrive while a load runs are skipped (the newest wins).
+- The replica's version is re-read every `health_interval_s`: a replica that restarted at an
+  older version is brought back to the newest one.
+- A checkpoint the replica rejects (4xx: missing, pruned, wrong shapes) is logged and not
+  retried for that version; connection errors and 5xx are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from kafka import TopicPartition
+
+from schemas.codec import decode
+from schemas.errors import DecodeError
+from schemas.events import PolicyVersion
+from workers.kafka.clients import make_consumer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+__all__ = ["ReplicaSync", "main", "run_controller"]
+
+log = logging.getLogger("rollout.trainer.controller")
+
+
+class ReplicaSync:
+    """The state of one controller: the newest version seen and what the replica serves."""
+
+    def __init__(self, replica_url: str, *, request_timeout_s: float = 600.0) -> None:
+        self.url = replica_url.rstrip("/")
+        self.timeout = request_timeout_s
+        self.newest: PolicyVersion | None = None
+        self.served: int | None = None
+        self.rejected: set[int] = set()
+        self.applied: list[int] = []
+
+    def observe(self, event: PolicyVersion) -> None:
+        if self.newest is None or event.version > self.newest.version:
+            self.newest = event
+
+    def refresh(self) -> int | None:
+        """Read the replica's version from `/health` (None if it does not answer)."""
+        try:
+            body = self._request("GET", "/health", None)
+        except (OSError, ValueError) as exc:
+            # loud once when a known replica goes away, quiet while one is still starting
+            level = logging.WARNING if self.served is not None else logging.DEBUG
+            log.log(level, "replica %s /health failed: %s", self.url, exc)
+            self.served = None
+            return None
+        self.served = int(body.get("version", body.get("policy_version", 0)))
+        return self.served
+
+    def due(self) -> bool:
+        new = self.newest
+        return (
+            new is not None
+            and self.served is not None
+            and new.version > self.served
+            and new.version not in self.rejected
+        )
+
+    def apply(self) -> bool:
+        """Post the newest version; True when the replica now serves it."""
+        new = self.newest
+        assert new is not None
+        started = time.monotonic()
+        try:
+            self._request("POST", "/update_weights", {"path": new.path, "version": new.version})
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            if 400 <= exc.code < 500:
+                log.error(
+                    "replica %s rejected version %d (%s): %s",
+                    self.url,
+                    new.version,
+                    new.path,
+                    detail,
+                )
+                self.rejected.add(new.version)
+            else:
+                log.warning(
+                    "replica %s failed version %d: %s %s", self.url, new.version, exc.code, detail
+                )
+            return False
+        except (OSError, ValueError) as exc:
+            log.warning("replica %s unreachable for version %d: %s", self.url, new.version, exc)
+            self.served = None
+            return False
+        self.served = new.version
+        self.applied.append(new.version)
+        log.info(
+            "replica %s now serves version %d from %s (%.2fs)",
+            self.url, new.version, new.path, time.monotonic() - started,
+        )  # fmt: skip
+        return True
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            parsed = json.loads(response.read() or b"{}")
+        return parsed if isinstance(parsed, dict) else {}
+
+
+def run_controller(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    replica_url: str,
+    stop_event: threading.Event,
+    *,
+    poll_timeout_s: float = 1.0,
+    health_interval_s: float = 5.0,
+    request_timeout_s: float = 600.0,
+) -> ReplicaSync:
+    """Keep `replica_url` on the newest policy version until `stop_event` is set."""
+    sync = ReplicaSync(replica_url, request_timeout_s=request_timeout_s)
+    topic = topics.name("policy")
+    consumer = make_consumer(kafka, group_id=None, name="replica-sync")
+    try:
+        deadline = time.monotonic() + 30
+        while not (parts := consumer.partitions_for_topic(topic)):
+            if time.monotonic() > deadline or stop_event.is_set():
+                raise RuntimeError(f"policy topic {topic} not found")
+            time.sleep(0.2)
+        assigned = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        last_health = 0.0
+        backoff = 0.5
+        log.info("syncing replica %s from %s", replica_url, topic)
+        while not stop_event.is_set():
+            for records in consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).values():
+                for record in records:
+                    if record.value is None:
+                        continue
+                    try:
+                        event = decode(record.value)
+                    except DecodeError as exc:
+                        log.warning(
+                            "ignoring undecodable record on %s@%d: %s", topic, record.offset, exc
+                        )
+                        continue
+                    if isinstance(event, PolicyVersion):
+                        sync.observe(event)
+            now = time.monotonic()
+            if sync.served is None or now - last_health > health_interval_s:
+                sync.refresh()
+                last_health = now
+            if sync.due():
+                if sync.apply():
+                    backoff = 0.5
+                else:
+                    stop_event.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+    finally:
+        consumer.close()
+    return sync
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    import yaml
+    from pydantic import ValidationError
+
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.trainer.controller", description=__doc__
+    )
+    parser.add_argument("--replica", required=True, help="Base URL of the replica to keep in sync.")
+    parser.add_argument("--config", help="YAML with kafka/topics sections.")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers.")
+    parser.add_argument("--prefix", help="Topic prefix (topics.prefix).")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    data: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    kafka_data, topics_data = dict(data.get("kafka") or {}), dict(data.get("topics") or {})
+    if args.bootstrap:
+        kafka_data["bootstrap_servers"] = args.bootstrap
+    if args.prefix:
+        topics_data["prefix"] = args.prefix
+    try:
+        kafka, topics = KafkaConfig(**kafka_data), TopicsConfig(**topics_data)
+    except ValidationError as exc:
+        print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_controller(kafka, topics, args.replica, stop)
+    except KeyboardInterrupt:
+        stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

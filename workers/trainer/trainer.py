@@ -1,0 +1,351 @@
+"""The off-policy trainer: `rl.replay` → PPO steps → checkpoints → `PolicyVersion` on `rl.policy`.
+
+Loop: collect `train_batch_size` groups from the replay topic (through `TrajectoryConsumer`,
+all partitions assigned), re-checking each group's staleness against the trainer's own
+version (`version − group.min_global_steps > max_staleness` → the stale topic, keyed by uid,
+original bytes, `rl.stale.*` headers) and skipping groups already trained (dedup by uid and
+attempt ids, remembered across restarts) → one optimiser step (`workers.trainer.step`) →
+one line in the step log → every `sync_every` steps: checkpoint (weights + optimizer + the
+consumer positions the weights cover), publish `PolicyVersion(version, path, groups_trained,
+samples_trained)` (acks=all, key "policy"), commit the same positions to the group.
+
+Guarantees:
+- Exactly once into the weights. A checkpoint's positions are those after the last record of
+  its last step, so restarting from it resumes after exactly the records its weights reflect.
+  Steps after the last checkpoint of a process that dies are lost with it, and their groups
+  are trained again from the checkpoint's weights (`metrics.effective_steps` rebuilds the
+  effective history from the step log). A batch being collected when the trainer stops is
+  never trained and never covered by a checkpoint.
+- Stale groups are acknowledged by the broker before any checkpoint covers their offsets.
+  Drops (stale, duplicate) that precede a half-collected batch are persisted when the topic
+  goes quiet or the trainer stops (`ledger.Pending.settle_drops`): a full checkpoint if
+  steps are unsaved, else the latest checkpoint's state rewritten in place (same weights),
+  and the same version re-published with the new counts.
+- `PolicyVersion.groups_trained`/`samples_trained` count what the trainer has *consumed*
+  (trained, dropped as stale, skipped as duplicate): the agent-loop admission gate needs
+  consumed, or every dropped group would hold its capacity for ever.
+- A clean stop (stop event, `max_steps`, `idle_timeout_s`) checkpoints and publishes what
+  was trained since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka.errors import KafkaError
+
+from schemas.codec import encode, headers_for
+from schemas.events import PolicyVersion, TrainingGroup
+from workers.kafka.clients import make_producer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.trainer.checkpoint import (
+    TrainerState,
+    load_latest,
+    load_optimizer,
+    prune,
+    save_checkpoint,
+    update_state,
+)
+from workers.trainer.config import TrainerConfig
+from workers.trainer.consumer import Item, TrajectoryConsumer
+from workers.trainer.exceptions import CheckpointError, PublishError
+from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
+from workers.trainer.metrics import StepLog, staleness_histogram
+
+__all__ = ["Trainer", "TrainerResult", "run_trainer"]
+
+log = logging.getLogger("rollout.trainer")
+
+HEADER_STALE_REASON = "rl.stale.reason"
+HEADER_STALE_VERSION = "rl.stale.trainer_version"
+HEADER_STALE_STALENESS = "rl.stale.staleness"
+POLICY_KEY = "policy"
+
+
+@dataclass
+class TrainerResult:
+    """What one run of the trainer did (returned by `run`)."""
+
+    version: int
+    steps: int
+    checkpoints: list[str] = field(default_factory=list)
+    stopped_by: str = ""
+
+
+class Trainer:
+    """`Trainer(kafka, topics, config).run()`; see the module docstring."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topics: TopicsConfig,
+        config: TrainerConfig,
+        *,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.kafka, self.topics, self.config = kafka, topics, config
+        self.stop_event = stop_event or threading.Event()
+        self.root = Path(config.checkpoint_dir).resolve()
+        self.run_id = uuid.uuid4().hex[:12]
+
+    # --- setup ------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(self.config.torch_threads)
+        torch.manual_seed(self.config.seed)
+        ckpt = load_latest(self.root)
+        if ckpt is None and not self.config.model_dir:
+            raise CheckpointError("no checkpoint in checkpoint_dir and no model_dir configured")
+        self.source = ckpt.path if ckpt is not None else Path(self.config.model_dir)
+        self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.source), dtype=torch.float32)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        if ckpt is not None and not load_optimizer(self.optimizer, ckpt.path):
+            log.warning("checkpoint %s has no optimizer state; AdamW starts fresh", ckpt.path)
+        pad = self.model.config.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
+        self.checkpointed: int | None = self.state.version if ckpt is not None else None
+        log.info(
+            "trainer %s starts at version %d from %s (positions %s)",
+            self.run_id,
+            self.state.version,
+            self.source,
+            self.state.positions,
+        )
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def run(self) -> TrainerResult:
+        self._load()
+        result = TrainerResult(version=self.state.version, steps=0)
+        self.steplog = StepLog(self.config.metrics_path)
+        self.producer = make_producer(self.kafka, name="trainer")
+        self.consumer = TrajectoryConsumer(
+            self.kafka,
+            self.topics,
+            topic="replay",
+            group_id=self.config.group_id,
+            assign=True,
+            positions=self.state.positions,
+            name="trainer",
+        )
+        self.steplog.write(
+            {"event": "start", "run": self.run_id, "version": self.state.version,
+             "source": str(self.source), "positions": self.consumer.positions(), "time": time.time()}
+        )  # fmt: skip
+        try:
+            while True:
+                if (
+                    self.config.max_steps is not None
+                    and self.state.version >= self.config.max_steps
+                ):
+                    result.stopped_by = "max_steps"
+                    break
+                pending = self._collect()
+                if pending is None:
+                    result.stopped_by = "stop_event" if self.stop_event.is_set() else "idle"
+                    break
+                self._step(pending)
+                result.steps += 1
+                if self.state.version % self.config.sync_every == 0:
+                    result.checkpoints.append(self._sync())
+            if self.checkpointed is None or self.state.version > self.checkpointed:
+                if self.state.version > 0:
+                    result.checkpoints.append(self._sync())
+        finally:
+            self.consumer.close()
+            self.producer.flush(timeout=30)
+            self.producer.close()
+            self.steplog.close()
+        result.version = self.state.version
+        log.info(
+            "trainer %s stopped (%s) at version %d", self.run_id, result.stopped_by, result.version
+        )
+        return result
+
+    def _collect(self) -> Pending | None:
+        """Groups for one step, or None when stopping (the partial batch is abandoned)."""
+        pending = Pending()
+        idle_since = time.monotonic()
+        version = self.state.version
+        while len(pending.train) < self.config.train_batch_size:
+            if self.stop_event.is_set():
+                self._settle_drops(pending)
+                return None
+            item = self.consumer.next_item(self.config.poll_timeout_s)
+            if item is None:
+                if pending.has_drops():
+                    self._settle_drops(pending)
+                idle = self.config.idle_timeout_s
+                if idle is not None and time.monotonic() - idle_since > idle:
+                    return None
+                continue
+            idle_since = time.monotonic()
+            group: TrainingGroup = item.event
+            key = dedup_key(group)
+            if key in self.recent or key in pending.keys:
+                log.info("skipping trained group %s (%s@%d)", group.uid, item.topic, item.offset)
+                pending.add(item, "duplicate", key)
+                continue
+            staleness = version - group.min_global_steps
+            limit = self.config.max_staleness
+            if limit is not None and staleness > limit and self.config.stale_policy == "drop":
+                pending.futures.append(self._send_stale(item, staleness))
+                pending.add(item, "stale", key)
+                if pending.drop_count() >= self.config.train_batch_size:
+                    self._settle_drops(pending)  # a long run of drops still reaches the gate
+                continue
+            pending.add(item, "train", key)
+        self._await_stale(pending)
+        return pending
+
+    def _await_stale(self, pending: Pending) -> None:
+        for future in pending.futures:
+            try:
+                future.get(timeout=30)
+            except KafkaError as exc:
+                raise PublishError(f"stale group not acknowledged: {exc}") from exc
+        pending.futures.clear()
+
+    def _settle_drops(self, pending: Pending) -> None:
+        """Persist the drops that precede the half-collected batch (see `ledger`)."""
+        self._await_stale(pending)
+        settled, positions = pending.settle_drops(self.consumer.positions())
+        if not settled:
+            return
+        apply_entries(self.state, settled, positions)
+        self.recent.add(e.key for e in settled)
+        if self.checkpointed is None or self.state.version > self.checkpointed:
+            self._sync()
+        else:
+            self._sync(state_only=True)
+
+    def _send_stale(self, item: Item, staleness: int) -> Any:
+        version = self.state.version
+        log.info(
+            "stale group %s from %s[%d]@%d: staleness %d > %s at version %d",
+            item.event.uid, item.topic, item.partition, item.offset, staleness,
+            self.config.max_staleness, version,
+        )  # fmt: skip
+        headers = [h for h in item.headers if not h[0].startswith("rl.stale.")]
+        headers += [
+            (HEADER_STALE_REASON, b"staleness"),
+            (HEADER_STALE_VERSION, str(version).encode()),
+            (HEADER_STALE_STALENESS, str(staleness).encode()),
+        ]
+        return self.producer.send(
+            self.topics.name("stale"), key=item.event.uid, value=item.value, headers=headers
+        )
+
+    def _step(self, pending: Pending) -> None:
+        from workers.trainer.batching import collate_groups
+        from workers.trainer.step import train_step
+
+        version = self.state.version
+        groups: list[TrainingGroup] = [i.event for i in pending.train]
+        batch = collate_groups(groups, pad_token_id=self.pad_token_id)
+        started = time.monotonic()
+        metrics = train_step(self.model, self.optimizer, batch, self.config)
+        spans = [
+            hi - lo + 1
+            for lo, hi in zip(batch.min_global_steps, batch.max_global_steps, strict=True)
+        ]
+        st = self.state
+        st.version = version + 1
+        drops = [e for e in pending.entries if e.kind != "train"]
+        apply_entries(st, pending.entries, self.consumer.positions())
+        self.recent.add(e.key for e in pending.entries)
+        record = {
+            "event": "step",
+            "run": self.run_id,
+            "step": st.version,
+            "time": time.time(),
+            "step_time_s": time.monotonic() - started,
+            **metrics,
+            "groups": len(groups),
+            "samples": len(batch),
+            "stale_dropped": sum(e.kind == "stale" for e in drops),
+            "duplicates_skipped": sum(e.kind == "duplicate" for e in drops),
+            "staleness_hist": staleness_histogram(version - g.min_global_steps for g in groups),
+            "trajectory_spans_mean": sum(spans) / len(spans),
+            "trajectory_spans_max": max(spans),
+            "trajectory_ids": batch.trajectory_ids,
+            "uids": [g.uid for g in groups],
+        }
+        self.steplog.write(record)
+        log.info(
+            "step %d: loss %.4f clipfrac %.3f is_w mean %.4f [%.4f, %.4f] entropy %.3f "
+            "staleness %s groups %d",
+            st.version, metrics["loss"], metrics["pg_clipfrac"], metrics["is_weight_mean"],
+            metrics["is_weight_min"], metrics["is_weight_max"], metrics["entropy"],
+            record["staleness_hist"], len(groups),
+        )  # fmt: skip
+
+    def _sync(self, *, state_only: bool = False) -> str:
+        """Checkpoint (or, with `state_only`, rewrite the latest one's state), publish the
+        version with the consumed counts, commit the covered positions."""
+        st = self.state
+        st.recent_groups = self.recent.to_list()
+        if state_only:
+            path = self.root / f"step-{st.version}"
+            update_state(path, copy.copy(st))
+        else:
+            path = save_checkpoint(
+                self.root,
+                copy.copy(st),
+                self.model,
+                tokenizer_from=self.source,
+                optimizer=self.optimizer,
+            )
+            self.checkpointed = st.version
+            prune(self.root, self.config.keep_checkpoints)
+        event = PolicyVersion(
+            version=st.version,
+            path=str(path),
+            groups_trained=st.groups_consumed,
+            samples_trained=st.samples_consumed,
+        )
+        future = self.producer.send(
+            self.topics.name("policy"),
+            key=POLICY_KEY,
+            value=encode(event),
+            headers=headers_for(event),
+        )
+        try:
+            future.get(timeout=30)
+        except KafkaError as exc:
+            raise PublishError(f"PolicyVersion {st.version} not acknowledged: {exc}") from exc
+        self.consumer.commit(st.positions)
+        self.steplog.write(
+            {"event": "checkpoint", "run": self.run_id, "version": st.version, "path": str(path),
+             "state_only": state_only, "positions": st.positions,
+             "groups_consumed": st.groups_consumed, "time": time.time()}
+        )  # fmt: skip
+        log.info("published version %d (%s), positions %s", st.version, path, st.positions)
+        return str(path)
+
+
+def run_trainer(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    config: TrainerConfig,
+    stop_event: threading.Event | None = None,
+) -> TrainerResult:
+    """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`)."""
+    return Trainer(kafka, topics, config, stop_event=stop_event).run()
