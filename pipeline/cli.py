@@ -41,10 +41,57 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.kafka_local import start_broker
 
     port = args.port or cfg.local_kafka.port
-    state = start_broker(port, args.data_dir or cfg.local_kafka.data_dir, heap=cfg.local_kafka.heap)
+    state = start_broker(
+        port,
+        args.data_dir or cfg.local_kafka.data_dir,
+        heap=cfg.local_kafka.heap,
+        secure=args.secure,
+        users=args.user or (),
+    )
     if state.reused:
         print(f"Kafka already running at {state.bootstrap}", file=sys.stderr)
+    if state.secure:
+        print(f"SASL_SSL (SCRAM-SHA-512) with ACLs; credentials (0600) in "
+              f"{Path(state.data_dir) / 'credentials.json'}; config for a user: "
+              f"rollout kafka creds --port {port} --user NAME", file=sys.stderr)  # fmt: skip
     print(state.bootstrap)
+    return 0
+
+
+def cmd_kafka_creds(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline import kafka_secure
+
+    port = args.port or cfg.local_kafka.port
+    data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
+    bootstrap = f"localhost:{port}"
+    if args.user not in kafka_secure.load_credentials(data).users:
+        creds, added = kafka_secure.ensure_credentials(data, [args.user])
+        admin = kafka_secure.client_config(bootstrap, data, kafka_secure.ADMIN_USER)
+        kafka_secure.ensure_users(admin, creds, added)
+        print(f"created user {args.user} (no ACLs yet: rollout kafka grant)", file=sys.stderr)
+    if args.password:
+        print(kafka_secure.load_credentials(data).password(args.user))
+    else:
+        sys.stdout.write(kafka_secure.config_snippet(bootstrap, data, args.user, port=port))
+    return 0
+
+
+def cmd_kafka_grant(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline import kafka_secure
+
+    port = args.port or cfg.local_kafka.port
+    data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
+    admin = kafka_secure.client_config(f"localhost:{port}", data, kafka_secure.ADMIN_USER)
+    names = [cfg.topics.name(t) if t in cfg.topics.ROLES else t for t in args.topic or []]
+    count = kafka_secure.grant(
+        admin,
+        args.user,
+        topics=names,
+        operations=args.op or ("read", "write", "describe"),
+        group=args.group,
+        prefixed=args.prefixed,
+    )
+    print(f"granted {count} ACLs to User:{args.user}")
     return 0
 
 
@@ -219,6 +266,12 @@ def _stop_event_on_signals() -> Any:
     return stop
 
 
+def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.reward.worker import run_worker
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.reward) or 0)
+
+
 def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     from dataclasses import asdict
 
@@ -293,6 +346,17 @@ def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.reward.bench import run
+
+    result = run(
+        cfg.kafka, trajectories=args.trajectories, turns=args.turns, tokens=args.tokens,
+        pool_workers=args.pool_workers, batch_size=args.batch_size, tokenizer=args.tokenizer,
+    )  # fmt: skip
+    _emit(result, args.json)
+    return 0
+
+
 def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.bench.agent_loop import run
 
@@ -333,7 +397,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--port", type=int)
     up.add_argument("--data-dir")
+    up.add_argument(
+        "--secure", action="store_true", help="SASL_SSL (SCRAM-SHA-512 over TLS) with ACLs."
+    )
+    up.add_argument(
+        "--user", action="append", help="With --secure: a SCRAM user to create (repeat)."
+    )
     up.set_defaults(handler=cmd_kafka_up)
+    creds = ksub.add_parser(
+        "creds", help="Secure broker: a user's `kafka:` config (creating the user if new)."
+    )
+    creds.add_argument("--port", type=int)
+    creds.add_argument("--data-dir")
+    creds.add_argument("--user", default="admin")
+    creds.add_argument(
+        "--password",
+        action="store_true",
+        help="Print only the password, e.g. for export ROLLOUT_KAFKA__SASL_PASSWORD=$(…).",
+    )
+    creds.set_defaults(handler=cmd_kafka_creds)
+    grant = ksub.add_parser("grant", help="Secure broker: allow a user topics and a group.")
+    grant.add_argument("--port", type=int)
+    grant.add_argument("--data-dir")
+    grant.add_argument("--user", required=True)
+    grant.add_argument(
+        "--topic", action="append", help="Topic name or role (prompts, replay, …); repeat."
+    )
+    grant.add_argument(
+        "--op",
+        action="append",
+        choices=["read", "write", "describe", "create", "delete", "alter", "describe_configs"],
+        help="Operation on the topics (repeat); default read, write, describe.",
+    )
+    grant.add_argument("--group", help="Consumer group the user may join (READ).")
+    grant.add_argument("--prefixed", action="store_true", help="Names are prefixes.")
+    grant.set_defaults(handler=cmd_kafka_grant)
     down = ksub.add_parser("down", help="Stop the broker started by `up`.")
     down.add_argument("--port", type=int)
     down.add_argument("--purge", action="store_true", help="Delete its data directory too.")
@@ -421,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replica", action="append", help="Replica URL (repeat); default: discover."
     )
     agent.set_defaults(handler=cmd_worker_agent_loop)
+    reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
+    reward.set_defaults(handler=cmd_worker_reward)
 
     demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
     demo.add_argument("--prompts", type=int, default=64)
@@ -453,6 +553,15 @@ def build_parser() -> argparse.ArgumentParser:
     prefix.add_argument("--task-tokens", type=int, default=64, help="Each conversation's own task.")
     prefix.add_argument("--json", action="store_true")
     prefix.set_defaults(handler=cmd_bench_prefix)
+    reward_bench = bsub.add_parser("reward", help="Reward stage vs a bare consume→produce copy.")
+    reward_bench.add_argument("--trajectories", type=int, default=2000)
+    reward_bench.add_argument("--turns", type=int, default=4)
+    reward_bench.add_argument("--tokens", type=int, default=256)
+    reward_bench.add_argument("--pool-workers", type=int, default=2)
+    reward_bench.add_argument("--batch-size", type=int, default=1024)
+    reward_bench.add_argument("--tokenizer", help="Model/tokenizer directory (default: build one).")
+    reward_bench.add_argument("--json", action="store_true")
+    reward_bench.set_defaults(handler=cmd_bench_reward)
     agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
     agent_bench.add_argument("--prompts", type=int, default=48)
     agent_bench.add_argument("--rounds", type=int, default=2)

@@ -26,6 +26,7 @@ from pydantic_settings import (
 from schemas.errors import RolloutError
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
 
 __all__ = ["ConfigError", "LocalKafkaConfig", "RunConfig", "load_config", "parse_overrides"]
@@ -69,6 +70,7 @@ class RunConfig(BaseSettings):
     local_kafka: LocalKafkaConfig = Field(default_factory=LocalKafkaConfig)
     produce: ProduceConfig = Field(default_factory=ProduceConfig)
     agent_loop: AgentLoopWorkerConfig = Field(default_factory=AgentLoopWorkerConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
     @classmethod

@@ -121,9 +121,27 @@ async def test_bad_prompts_go_to_the_dlq_and_the_rest_flows(
     assert {t.uid for t in turns} == {"good-1"}
 
 
-async def test_admission_gate_waits_for_the_trainer(
+async def test_admission_gate_waits_for_the_trainer_and_the_replicas(
     kafka_config, topics_config, tiny_model, hf_replicas, unique
 ) -> None:
+    import asyncio
+
+    import aiohttp
+
+    async def set_version(version: int) -> None:
+        async with aiohttp.ClientSession() as http:
+            for rep in hf_replicas:
+                body = {"path": str(tiny_model), "version": version}
+                async with http.post(rep.address + "/update_weights", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+
+    async def settle(count: int) -> None:
+        for _ in range(120):
+            await asyncio.sleep(0.25)
+            if worker.counters["trajectories"] >= count:
+                break
+        await asyncio.sleep(2.0)
+
     prompts = [prompt(f"gate-{i}", f"What is {i} + 2?") for i in range(6)]
     produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
     cfg = worker_config(
@@ -131,33 +149,27 @@ async def test_admission_gate_waits_for_the_trainer(
         admission={"max_staleness": 0, "train_batch_size": 2},
     )  # fmt: skip
     worker = AgentLoopWorker(kafka_config, topics_config, cfg)
-
-    import asyncio
-
     task = asyncio.create_task(worker.run())
     try:
-        for _ in range(60):
-            await asyncio.sleep(0.25)
-            if worker.counters["trajectories"] >= 2:
-                break
-        await asyncio.sleep(2.0)
+        await settle(2)
         assert worker.counters["prompts_started"] == 2  # one batch, then it waits
 
         producer = make_producer(kafka_config)
-        policy = PolicyVersion(version=1, path="/ckpt/1", groups_trained=2)
+        policy = PolicyVersion(version=1, path=str(tiny_model), groups_trained=2)
         producer.send(topics_config.name("policy"), key="policy", value=encode(policy)).get(
             timeout=30
         )
         producer.close()
-        for _ in range(120):
-            await asyncio.sleep(0.25)
-            if worker.counters["trajectories"] >= 4:
-                break
-        await asyncio.sleep(2.0)
+        await settle(3)
+        assert worker.counters["prompts_started"] == 2  # trained, but the replicas still serve 0
+
+        await set_version(1)
+        await settle(4)
         assert worker.counters["prompts_started"] == 4
     finally:
         worker.stop()
         await asyncio.wait_for(task, timeout=60)
+        await set_version(0)
 
 
 async def test_replicas_are_discovered_from_the_replicas_topic(

@@ -37,3 +37,12 @@ def test_staleness_two_runs_three_batches_ahead() -> None:
     assert gate.can_admit()
     gate.observe_started(20)  # other workers admitted more
     assert not gate.can_admit()
+
+
+def test_groups_dropped_upstream_free_their_capacity() -> None:
+    gate = AdmissionGate(max_staleness=0, train_batch_size=2)
+    gate.admit()
+    gate.admit()
+    assert not gate.can_admit()
+    gate.observe_dropped()  # e.g. a zero-variance group the replay stage dropped
+    assert gate.room() == 1

@@ -7,9 +7,12 @@ now; bounding `started − trained < (max_staleness + 1) × B` keeps every train
 `max_staleness` versions of the policy that generated it (AReaL's rule, counted in groups).
 With `max_staleness = 0` generation produces one batch and waits for the trainer.
 
-`started` is read from Kafka (the group's committed offsets on the prompts topic, plus this
-worker's admitted-but-uncommitted prompts); `trained` from the trainer's latest
-`PolicyVersion.groups_trained` on the policy topic. Pure logic: the worker feeds it numbers.
+`trained` is the trainer's latest `PolicyVersion.groups_trained` on the policy topic (groups
+it consumed: trained, or dropped as stale there). Groups that never reach the trainer must
+count as resolved too, or the gate would hold their capacity for ever: `dropped` counts the
+groups dropped upstream of it (on the stale topic without the trainer's header: the replay
+stage's stale, zero-variance and timed-out groups) and the prompts this worker dead-lettered.
+Pure logic: the worker feeds it numbers.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class AdmissionGate:
     train_batch_size: int
     started: int = 0  # groups admitted (by the whole consumer group, as far as known)
     trained: int = 0  # groups the trainer has consumed
+    dropped: int = 0  # groups resolved without reaching the trainer
 
     @property
     def capacity(self) -> int | None:
@@ -40,13 +44,16 @@ class AdmissionGate:
         capacity = self.capacity
         if capacity is None:
             return 1 << 30
-        return max(0, capacity - (self.started - self.trained))
+        return max(0, capacity - (self.started - self.trained - self.dropped))
 
     def admit(self) -> None:
         self.started += 1
 
     def observe_trained(self, groups_trained: int) -> None:
         self.trained = max(self.trained, groups_trained)
+
+    def observe_dropped(self, groups: int = 1) -> None:
+        self.dropped += groups
 
     def observe_started(self, groups_started: int) -> None:
         """A fresher count from Kafka (e.g. after a rebalance or at start)."""

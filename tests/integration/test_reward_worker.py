@@ -1,0 +1,289 @@
+"""The reward stage against the real broker, run as a subprocess (`python -m workers.reward`).
+
+Turn events are produced by the tests (the agent-loop worker is not in the tree yet), which
+also lets them produce the edge cases on purpose: attempts out of order, duplicate
+completions, a middle turn arriving late, undecodable bytes, an unknown data_source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.codec import decode, encode, headers_for
+from schemas.deadletter import DeadLetter
+from schemas.events import ExtraFields, RewardModelSpec, ScoredTrajectory, TurnEvent
+from workers.kafka.clients import make_consumer, make_producer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+pytestmark = pytest.mark.kafka
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workers.llm.model_init import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+class Worker:
+    """`python -m workers.reward` with a config file of this test; killed on exit."""
+
+    def __init__(
+        self, tmp: Path, kafka: KafkaConfig, topics: TopicsConfig, tokenizer_dir: Path
+    ) -> None:
+        self.tmp = tmp
+        self.stats_path = tmp / "stats.json"
+        self.config = tmp / "reward.yaml"
+        reward = {
+            "app_id": f"{topics.prefix}reward",
+            "tokenizer": str(tokenizer_dir),
+            "data_dir": str(tmp / "faust"),
+            "stats_path": str(self.stats_path),
+            "session_timeout_s": 6,
+            "commit_interval_s": 1.0,
+            "pool_workers": 1,
+            "batch_size": 64,
+        }
+        self.config.write_text(
+            json.dumps(
+                {
+                    "kafka": {"bootstrap_servers": kafka.bootstrap},
+                    "topics": {"prefix": topics.prefix},
+                    "reward": reward,
+                }
+            )
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    def start(self) -> None:
+        self.runs += 1
+        log = open(self.tmp / f"worker-{self.runs}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.reward", "--config", str(self.config), "-v"],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def stats(self) -> dict[str, Any]:
+        return json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self) -> str:
+        return (self.tmp / f"worker-{self.runs}.log").read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def worker(
+    tmp_path: Path, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer_dir: Path
+) -> Iterator[Worker]:
+    w = Worker(tmp_path, kafka_config, topics_config, tokenizer_dir)
+    try:
+        yield w
+    finally:
+        w.kill()
+
+
+def make_turns(
+    tokenizer: Any,
+    uid: str,
+    texts: list[str],
+    *,
+    truth: str,
+    attempt: str = "a",
+    data_source: str = "openai/gsm8k",
+    sample: int = 0,
+) -> list[TurnEvent]:
+    out = []
+    last = len(texts) - 1
+    for index, text in enumerate(texts):
+        ids = tokenizer.encode(text)
+        role = "assistant" if index % 2 == 0 else "tool"
+        first, final = index == 0, index == last
+        out.append(
+            TurnEvent(
+                trajectory_id=f"{uid}/{sample}", uid=uid, sample_index=sample, attempt_id=attempt,
+                turn_index=index, role=role, token_ids=ids,
+                logprobs=[-0.5] * len(ids) if role == "assistant" else None,
+                min_global_steps=1 + index, max_global_steps=2 + index, final=final,
+                prompt_ids=tokenizer.encode("question?") if first else None,
+                data_source=data_source if first else None,
+                reward_model=RewardModelSpec(ground_truth=truth) if first else None,
+                tool_reward=0.5 if role == "tool" else None,
+                num_turns=len(texts) + 1 if final else None,
+                extra_fields=ExtraFields(min_global_steps=1, max_global_steps=2 + last) if final else None,
+            )
+        )  # fmt: skip
+    return out
+
+
+def produce(kafka: KafkaConfig, topic: str, events: list[TurnEvent | tuple[str, bytes]]) -> None:
+    producer = make_producer(kafka)
+    try:
+        for event in events:
+            if isinstance(event, tuple):
+                producer.send(topic, key=event[0], value=event[1])
+            else:
+                producer.send(
+                    topic, key=event.trajectory_id, value=encode(event), headers=headers_for(event)
+                )
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+
+
+def read_all(
+    kafka: KafkaConfig, topic: str, *, until: Callable[[list[Any]], bool], timeout: float
+) -> list[Any]:
+    consumer = make_consumer(kafka, topic, group_id=None)
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not until(records):
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+    finally:
+        consumer.close()
+    return records
+
+
+def test_edge_cases_become_exactly_one_scored_trajectory_each(
+    worker: Worker, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer: Any
+) -> None:
+    t = tokenizer
+    ok = make_turns(t, "ok", ["thinking", "tool says 6", "so #### 1,234"], truth="1234")
+    wrong = make_turns(t, "wrong", ["#### 5"], truth="6")
+    a = make_turns(t, "race", ["a0", "a1", "#### 1"], truth="2", attempt="a")
+    b = make_turns(t, "race", ["b0", "b1", "#### 2"], truth="2", attempt="b")
+    first = make_turns(t, "dup", ["#### -3"], truth="-3", attempt="first")
+    second = make_turns(t, "dup", ["#### 9"], truth="-3", attempt="second")
+    late = make_turns(t, "late", ["x", "y", "#### 0.50"], truth="0.5")
+    unknown = make_turns(t, "unk", ["#### 1"], truth="1", data_source="no/such-set")
+    math = make_turns(t, "math", ["so \\boxed{\\frac{1}{2}}"], truth="0.5", data_source="math")
+    events: list[Any] = [
+        *ok, *wrong,
+        a[0], a[1], b[0], a[2], b[1], b[2],  # newer attempt replaces; old final is stale
+        *first, *second,  # a completion after the trajectory is scored is dropped
+        late[0], late[2], late[1],  # missing middle turn arrives late
+        *unknown, ("junk", b"\x00 not an event"), *math,
+    ]  # fmt: skip
+    produce(kafka_config, topics_config.name("turns"), events)
+    worker.start()
+    scored = read_all(
+        kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= 6, timeout=120
+    )
+    dead = read_all(
+        kafka_config, topics_config.name("dlq"), until=lambda r: len(r) >= 2, timeout=30
+    )
+    time.sleep(2)  # anything extra (a duplicate) would arrive by now
+    scored = read_all(kafka_config, topics_config.name("scored"), until=lambda r: False, timeout=3)
+    assert len(scored) >= 6, worker.log_tail()
+    by_id = {}
+    for record in scored:
+        event = decode(record.value)
+        assert isinstance(event, ScoredTrajectory)
+        assert event.trajectory_id not in by_id, f"{event.trajectory_id} emitted twice"
+        assert record.key == event.uid.encode()
+        assert dict(record.headers)["rl.trajectory_id"] == event.trajectory_id.encode()
+        by_id[event.trajectory_id] = event
+    assert {k: v.reward_score for k, v in by_id.items()} == {
+        "ok/0": 1.0, "wrong/0": 0.0, "race/0": 1.0, "dup/0": 1.0, "late/0": 1.0, "math/0": 1.0,
+    }  # fmt: skip
+    assert by_id["race/0"].attempt_id == "b" and by_id["dup/0"].attempt_id == "first"
+    okt = by_id["ok/0"]
+    assert okt.num_turns == 4 and okt.tool_rewards == [0.5]
+    assert okt.response_mask.sum() == len(t.encode("thinking")) + len(t.encode("so #### 1,234"))
+    assert (okt.extra_fields.min_global_steps, okt.extra_fields.max_global_steps) == (1, 4)
+    assert by_id["math/0"].reward_extra["scorer"] == "math"
+    letters = [DeadLetter.from_message(list(r.headers), r.key, r.value) for r in dead]
+    assert sorted(letter.error_cause for letter in letters) == ["json", "unknown_data_source"]
+    unk = next(letter for letter in letters if letter.error_cause == "unknown_data_source")
+    assert decode(unk.value).trajectory_id == "unk/0" and unk.stage == "reward"
+    stats = worker.stats()
+    assert stats["duplicate_completion"] >= 1 and stats["stale_attempt"] >= 1
+    assert stats["decode_errors"] == 1 and stats["scored"] == 6
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_loses_nothing_and_emits_nothing_twice(
+    worker: Worker, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer: Any
+) -> None:
+    n = 240
+    turns_topic = topics_config.name("turns")
+    trajectories = [
+        make_turns(
+            tokenizer, f"k{i}", ["step", "tool", "more", f"#### {i}"], truth=str(i if i % 3 else -1)
+        )
+        for i in range(n)
+    ]
+
+    def feed() -> None:  # a steady stream, so the kill lands mid-stream
+        for start in range(0, n, 10):
+            produce(
+                kafka_config,
+                turns_topic,
+                [e for traj in trajectories[start : start + 10] for e in traj],
+            )
+            time.sleep(0.25)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    worker.start()
+    feeder.start()
+    first = read_all(
+        kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= n // 3, timeout=120
+    )
+    assert len(first) >= n // 3, worker.log_tail()
+    worker.kill(signal.SIGKILL)
+    stats_before = worker.stats()
+    worker.start()
+    feeder.join(timeout=120)
+    records = read_all(
+        kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= n, timeout=150
+    )
+    time.sleep(3)  # anything extra (a duplicate) would arrive by now
+    records = read_all(kafka_config, topics_config.name("scored"), until=lambda r: False, timeout=4)
+    ids = Counter(decode(r.value).trajectory_id for r in records)
+    assert len(ids) == n, f"missing {n - len(ids)}\n{worker.log_tail()}"
+    assert max(ids.values()) == 1, f"duplicates: {[k for k, c in ids.items() if c > 1]}"
+    for record in records:
+        event = decode(record.value)
+        i = int(event.uid[1:])
+        assert event.reward_score == (1.0 if i % 3 else 0.0)
+    after = worker.stats()
+    print(f"before kill: {stats_before}\nafter restart: {after}")
+    assert after.get("scored", 0) + stats_before.get("scored", 0) >= n
+    assert os.path.exists(worker.stats_path)

@@ -1,0 +1,155 @@
+"""Trajectory assembly: attempts, order, duplicates, the state's bytes, the built arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.codec import encode
+from schemas.errors import DecodeError
+from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
+from workers.reward.assembler import TrajectoryState, apply_turn, assemble
+
+
+def turn(
+    index: int, *, attempt: str = "a", last: int = 2, role: str | None = None, **kw: object
+) -> TurnEvent:
+    role = role or ("assistant" if index % 2 == 0 else "tool")
+    final = index == last
+    tokens = [10 * index + j for j in range(3)]
+    fields: dict[str, object] = {
+        "trajectory_id": "u/0",
+        "uid": "u",
+        "sample_index": 0,
+        "attempt_id": attempt,
+        "turn_index": index,
+        "role": role,
+        "token_ids": tokens,
+        "logprobs": [-0.1 * (index + 1)] * 3 if role == "assistant" else None,
+        "min_global_steps": 3 + index,
+        "max_global_steps": 4 + index,
+        "final": final,
+    }
+    if index == 0:
+        fields.update(
+            prompt_ids=[1, 2],
+            data_source="openai/gsm8k",
+            reward_model=RewardModelSpec(ground_truth="7"),
+            extra_info={"k": 1},
+        )
+    if final:
+        fields.update(
+            num_turns=last + 2, extra_fields=ExtraFields(min_global_steps=3, max_global_steps=4)
+        )
+    fields.update(kw)
+    return TurnEvent(**fields)  # type: ignore[arg-type]
+
+
+def feed(state: TrajectoryState | None, *turns: TurnEvent) -> tuple[TrajectoryState, list[str]]:
+    outcomes = []
+    for t in turns:
+        state, outcome = apply_turn(state, t, encode(t))
+        outcomes.append(outcome)
+    assert state is not None
+    return state, outcomes
+
+
+def test_in_order_completes_on_the_final_turn() -> None:
+    state, outcomes = feed(None, turn(0), turn(1), turn(2))
+    assert outcomes == ["added", "added", "complete"]
+    assert state.complete
+
+
+def test_a_missing_middle_turn_that_arrives_late() -> None:
+    state, outcomes = feed(None, turn(0), turn(2), turn(1))
+    assert outcomes == ["added", "added", "complete"]
+    built = assemble(state)
+    assert built.fields["response_ids"].tolist() == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+
+
+def test_newer_attempt_replaces_an_unfinished_one_and_old_turns_are_stale() -> None:
+    state, outcomes = feed(None, turn(0, attempt="a"), turn(1, attempt="a"), turn(0, attempt="b"))
+    assert outcomes[-1] == "replaced_attempt"
+    assert state.attempt_id == "b" and state.superseded == ["a"]
+    state, outcomes = feed(state, turn(2, attempt="a"), turn(1, attempt="b"), turn(2, attempt="b"))
+    assert outcomes == ["stale_attempt", "added", "complete"]
+    assert assemble(state).fields["attempt_id"] == "b"
+
+
+def test_first_completed_attempt_wins_and_later_completions_are_counted() -> None:
+    state, _ = feed(None, turn(0), turn(1), turn(2))
+    state, outcomes = feed(state, turn(0, attempt="b"), turn(1, attempt="b"), turn(2, attempt="b"))
+    assert outcomes == ["after_done", "after_done", "duplicate_completion"]
+    assert state.attempt_id == "a"
+    state.mark_done("scored")
+    state, outcomes = feed(state, turn(2))
+    assert outcomes == ["duplicate_completion"]
+    assert state.turns == {}
+
+
+def test_duplicate_turn_keeps_the_first() -> None:
+    _, outcomes = feed(None, turn(0), turn(1), turn(1, token_ids=[9]))
+    assert outcomes == ["added", "added", "duplicate_turn"]
+
+
+def test_unknown_attempt_non_initial_turn_is_stale() -> None:
+    _, outcomes = feed(None, turn(0, attempt="a"), turn(1, attempt="z"))
+    assert outcomes == ["added", "stale_attempt"]
+
+
+def test_single_turn_trajectory() -> None:
+    state, outcomes = feed(None, turn(0, last=0))
+    assert outcomes == ["complete"]
+    assert assemble(state).fields["num_turns"] == 2
+
+
+def test_state_bytes_round_trip() -> None:
+    state, _ = feed(None, turn(0), turn(2))
+    state.superseded = ["old"]
+    state.status = "emitting"
+    state.emit_since = {3: 17}
+    again = TrajectoryState.from_bytes(state.to_bytes())
+    assert again == state
+    state.mark_done("scored")
+    assert TrajectoryState.from_bytes(state.to_bytes()) == state
+    with pytest.raises(ValueError):
+        TrajectoryState.from_bytes(b"junk")
+
+
+def test_assemble_builds_what_the_trainer_needs() -> None:
+    state, _ = feed(
+        None,
+        turn(0),
+        turn(1, tool_reward=0.5, metrics={"turn_score": 0.25}),
+        turn(2, min_global_steps=1, max_global_steps=9),
+    )
+    built = assemble(state)
+    f = built.fields
+    assert f["prompt_ids"].tolist() == [1, 2]
+    assert f["response_mask"].tolist() == [1, 1, 1, 0, 0, 0, 1, 1, 1]
+    assert np.allclose(f["response_logprobs"], [-0.1] * 3 + [0.0] * 3 + [-0.3] * 3)
+    assert f["tool_rewards"] == [0.5]
+    assert f["turn_scores"] == [0.25]
+    assert f["num_turns"] == 4
+    assert (f["extra_fields"].min_global_steps, f["extra_fields"].max_global_steps) == (1, 9)
+    assert built.ground_truth == "7" and built.data_source == "openai/gsm8k"
+    assert built.extra_info == {"k": 1}
+
+
+def test_assemble_rejects_a_turn0_without_prompt() -> None:
+    bad0 = turn(0, last=0, prompt_ids=None)
+    state, _ = feed(None, bad0)
+    with pytest.raises(DecodeError):
+        assemble(state)
+
+
+def test_marker_keeps_only_persisted_turns() -> None:
+    state, _ = feed(None, turn(0), turn(1), turn(2))
+    marker = state.marker({2: 40}, keep={0})
+    assert marker.status == "emitting" and marker.emit_since == {2: 40}
+    assert set(marker.turns) == {0} and marker.final_index == 2 and not marker.complete
+    _, outcomes = feed(TrajectoryState.from_bytes(marker.to_bytes()), turn(0), turn(1))
+    assert outcomes == ["after_done", "after_done"]  # EMITTING: the stage resolves it first
+    marker.status = "assembling"
+    _, outcomes = feed(marker, turn(0), turn(1), turn(2))
+    assert outcomes == ["duplicate_turn", "added", "complete"]

@@ -1,0 +1,243 @@
+"""Trajectory assembly: turn events in, one complete attempt per trajectory out. Pure logic.
+
+The reward stage keeps one `TrajectoryState` per trajectory id (in a faust table, as
+bytes: `to_bytes`/`from_bytes`). `apply_turn` folds one turn into it:
+
+    (none) ──turn──► ASSEMBLING ──all of turns 0..final present──► complete (caller scores)
+    ASSEMBLING ──turn 0 of another attempt──► ASSEMBLING (new attempt; old one superseded)
+    complete ──caller──► EMITTING (marker persisted, output being produced) ──► DONE
+
+Rules (one attempt per trajectory, the first attempt to complete wins):
+- a turn of the held attempt is added; a repeated turn index is a duplicate (first kept);
+- turn 0 of a different attempt replaces an unfinished attempt (the agent loop restarted the
+  trajectory, so the older attempt is presumed dead); the older id is remembered, and its
+  later turns are dropped as stale — even one that would have completed first;
+- a non-initial turn of an attempt not held is dropped as stale (an attempt's turn 0 always
+  precedes its other turns in the trajectory's partition);
+- once a trajectory is complete (or EMITTING, or DONE) every further turn is dropped; a
+  final one counts as a duplicate completion.
+- a trajectory is complete when its final turn (`final=True`, index k) and every turn
+  0..k of the held attempt are present, whatever order they arrived in.
+
+Turns are kept as the raw bytes they arrived in (decoded again only at completion), so the
+state costs no re-encoding. A DONE state keeps no turns: it is a small tombstone-like marker
+that makes later duplicates cheap to recognise.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from schemas.codec import decode_as
+from schemas.errors import DecodeError
+from schemas.events import ExtraFields, TurnEvent
+
+__all__ = [
+    "Assembled",
+    "Outcome",
+    "Status",
+    "TrajectoryState",
+    "apply_turn",
+    "assemble",
+]
+
+Status = Literal["assembling", "emitting", "done"]
+Outcome = Literal[
+    "added",
+    "complete",
+    "replaced_attempt",
+    "duplicate_turn",
+    "stale_attempt",
+    "after_done",
+    "duplicate_completion",
+]
+
+_MAGIC = b"RT1"
+_HEAD = struct.Struct(">I")
+_MAX_SUPERSEDED = 16
+
+
+@dataclass
+class TrajectoryState:
+    """What the stage knows about one trajectory (see the module docstring)."""
+
+    attempt_id: str
+    status: Status = "assembling"
+    turns: dict[int, bytes] = field(default_factory=dict)
+    final_index: int | None = None
+    superseded: list[str] = field(default_factory=list)
+    emit_since: dict[int, int] | None = None  # EMITTING: rl.scored partition → end offset before
+    outcome: str | None = None  # DONE: "scored" | "failure_scored" | "dead_lettered"
+
+    @property
+    def complete(self) -> bool:
+        k = self.final_index
+        return k is not None and all(i in self.turns for i in range(k + 1))
+
+    def to_bytes(self) -> bytes:
+        order = sorted(self.turns)
+        head = orjson.dumps(
+            {
+                "a": self.attempt_id,
+                "s": self.status,
+                "f": self.final_index,
+                "sup": self.superseded,
+                "since": {str(p): o for p, o in (self.emit_since or {}).items()} or None,
+                "out": self.outcome,
+                "idx": order,
+                "len": [len(self.turns[i]) for i in order],
+            }
+        )
+        return b"".join([_MAGIC, _HEAD.pack(len(head)), head, *(self.turns[i] for i in order)])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TrajectoryState:
+        if data[:3] != _MAGIC:
+            raise ValueError("not a trajectory state")
+        (size,) = _HEAD.unpack_from(data, 3)
+        start = 3 + _HEAD.size
+        head: dict[str, Any] = orjson.loads(data[start : start + size])
+        pos = start + size
+        turns: dict[int, bytes] = {}
+        for index, length in zip(head["idx"], head["len"], strict=True):
+            turns[index] = bytes(data[pos : pos + length])
+            pos += length
+        since = head.get("since")
+        return cls(
+            attempt_id=head["a"],
+            status=head["s"],
+            turns=turns,
+            final_index=head["f"],
+            superseded=list(head["sup"]),
+            emit_since={int(p): int(o) for p, o in since.items()} if since else None,
+            outcome=head.get("out"),
+        )
+
+    def marker(self, since: dict[int, int], keep: set[int]) -> TrajectoryState:
+        """The EMITTING marker to persist: this state with only the turns in `keep`.
+
+        The caller keeps only turns already persisted before this batch; the others are
+        uncommitted input, redelivered after a crash, so the marker need not carry them.
+        """
+        return TrajectoryState(
+            attempt_id=self.attempt_id,
+            status="emitting",
+            turns={i: raw for i, raw in self.turns.items() if i in keep},
+            final_index=self.final_index,
+            superseded=list(self.superseded),
+            emit_since=dict(since),
+        )
+
+    def mark_done(self, outcome: str) -> None:
+        """DONE keeps only the attempt id and the outcome."""
+        self.status = "done"
+        self.outcome = outcome
+        self.turns = {}
+        self.emit_since = None
+
+
+def apply_turn(
+    state: TrajectoryState | None, turn: TurnEvent, raw: bytes
+) -> tuple[TrajectoryState, Outcome]:
+    """Fold one turn into the trajectory's state; the (possibly new) state and what happened."""
+    if state is None:
+        state = TrajectoryState(attempt_id=turn.attempt_id)
+    if state.status != "assembling" or state.complete:
+        # Scored or being scored (complete wins): nothing changes the trajectory any more.
+        return state, ("duplicate_completion" if turn.final else "after_done")
+    if turn.attempt_id != state.attempt_id:
+        if turn.attempt_id in state.superseded or turn.turn_index != 0:
+            return state, "stale_attempt"
+        superseded = [*state.superseded, state.attempt_id][-_MAX_SUPERSEDED:]
+        state = TrajectoryState(attempt_id=turn.attempt_id, superseded=superseded)
+        _add(state, turn, raw)
+        return state, ("complete" if state.complete else "replaced_attempt")
+    if turn.turn_index in state.turns:
+        return state, "duplicate_turn"
+    _add(state, turn, raw)
+    return state, ("complete" if state.complete else "added")
+
+
+def _add(state: TrajectoryState, turn: TurnEvent, raw: bytes) -> None:
+    state.turns[turn.turn_index] = raw
+    if turn.final:
+        state.final_index = turn.turn_index
+
+
+@dataclass
+class Assembled:
+    """A complete trajectory, everything but the score (`ScoredTrajectory` minus reward)."""
+
+    fields: dict[str, Any]
+    ground_truth: str | None
+    extra_info: dict[str, Any]
+    data_source: str
+
+
+def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None) -> Assembled:
+    """Build the trajectory from a complete state; `DecodeError` if its turns do not fit.
+
+    `decoded` may hold turns already decoded (by index, of this state's attempt) to skip
+    decoding their bytes again.
+    """
+    if not state.complete or state.final_index is None:
+        raise ValueError("assemble() needs a complete trajectory")
+    known = decoded or {}
+    turns = [
+        known[i] if i in known else decode_as(state.turns[i], TurnEvent)
+        for i in range(state.final_index + 1)
+    ]
+    first, last = turns[0], turns[-1]
+    if first.prompt_ids is None or first.data_source is None:
+        raise DecodeError("turn 0 carries no prompt_ids or data_source", cause="incomplete_turn0")
+    if last.extra_fields is None or last.num_turns is None:
+        raise DecodeError("the final turn carries no totals", cause="incomplete_final")
+    ids = [t.token_ids for t in turns]
+    response_ids = np.concatenate(ids) if ids else np.zeros(0, dtype="<i4")
+    mask = np.concatenate([np.full(len(t.token_ids), t.loss_mask, dtype="u1") for t in turns])
+    logprobs = np.concatenate(
+        [
+            t.logprobs
+            if t.logprobs is not None and t.loss_mask
+            else np.zeros(len(t.token_ids), dtype="<f4")
+            for t in turns
+        ]
+    )
+    extra = last.extra_fields.model_dump()
+    extra["min_global_steps"] = min(
+        [extra["min_global_steps"], *(t.min_global_steps for t in turns)]
+    )
+    extra["max_global_steps"] = max(
+        [extra["max_global_steps"], *(t.max_global_steps for t in turns)]
+    )
+    reward_spec = first.reward_model
+    fields = {
+        "uid": first.uid,
+        "trajectory_id": first.trajectory_id,
+        "sample_index": first.sample_index,
+        "attempt_id": first.attempt_id,
+        "data_source": first.data_source,
+        "prompt_ids": first.prompt_ids,
+        "response_ids": response_ids,
+        "response_mask": mask,
+        "response_logprobs": logprobs,
+        "num_turns": last.num_turns,
+        "tool_rewards": [t.tool_reward for t in turns if t.tool_reward is not None],
+        "turn_scores": [
+            float(t.metrics["turn_score"])
+            for t in turns
+            if isinstance(t.metrics.get("turn_score"), int | float)
+        ],
+        "extra_fields": ExtraFields(**extra),
+    }
+    return Assembled(
+        fields=fields,
+        ground_truth=reward_spec.ground_truth if reward_spec is not None else None,
+        extra_info=dict(first.extra_info or {}),
+        data_source=first.data_source,
+    )

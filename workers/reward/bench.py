@@ -1,0 +1,294 @@
+"""`rollout bench reward --json`: the reward stage's throughput against the bare-copy limit.
+
+On one broker, in one run, over the same messages (N trajectories × `turns` turn events of
+`tokens` tokens each, gsm8k scorer):
+
+- stage: `python -m workers.reward` consumes the turns and emits N `ScoredTrajectory`s;
+- copy: a bare consume→produce copy of the same turn messages with kafka-python and with
+  aiokafka (idempotent, acks=all, 1 MiB batches, like the stage's producer), the faster one
+  counting — the limit for any stage that reads and writes every message.
+
+Every rate is measured the same way: from the CreateTime timestamps of the first and last
+output record ((count − 1) / span), so start-up, group joins and table recovery are
+excluded. `ratio` = stage trajectories/s ÷ (copy messages/s ÷ turns). Also measured:
+math-verify items/s through the scorer pool. Prints nothing itself; returns one dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from schemas.codec import encode, headers_for
+from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+__all__ = ["run"]
+
+log = logging.getLogger("rollout.reward.bench")
+
+_REPO = Path(__file__).resolve().parents[2]
+_MATH_ITEMS = [
+    ("so \\boxed{\\frac{1}{2}}", "0.5"),
+    ("Answer: $x^2+2x+1$", "(x+1)^2"),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}"),
+    ("\\boxed{3.14}", "\\pi"),
+]
+
+
+def _turns(tok: Any, n: int, turns: int, tokens: int) -> list[TurnEvent]:
+    rng = random.Random(0)
+    vocab = min(len(tok), 1000)
+    out = []
+    for i in range(n):
+        uid = f"b{i}"
+        for j in range(turns):
+            final = j == turns - 1
+            ids = [rng.randrange(3, vocab) for _ in range(tokens)]
+            if final:
+                answer = tok.encode(f" #### {i}")
+                ids = ids[: tokens - len(answer)] + answer
+            role = "assistant" if j % 2 == 0 or final else "tool"
+            out.append(
+                TurnEvent(
+                    trajectory_id=f"{uid}/0", uid=uid, sample_index=0, attempt_id="a", turn_index=j,
+                    role=role, token_ids=ids, logprobs=[-0.5] * tokens if role == "assistant" else None,
+                    min_global_steps=1, max_global_steps=1, final=final,
+                    prompt_ids=ids[:64] if j == 0 else None,
+                    data_source="openai/gsm8k" if j == 0 else None,
+                    reward_model=RewardModelSpec(ground_truth=str(i)) if j == 0 else None,
+                    num_turns=turns + 1 if final else None,
+                    extra_fields=ExtraFields(min_global_steps=1, max_global_steps=1) if final else None,
+                )
+            )  # fmt: skip
+    return out
+
+
+def _rate(timestamps_ms: list[int]) -> float:
+    if len(timestamps_ms) < 2:
+        return 0.0
+    span = (max(timestamps_ms) - min(timestamps_ms)) / 1000.0
+    return (len(timestamps_ms) - 1) / max(span, 1e-3)
+
+
+def _timestamps(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> list[int]:
+    from workers.kafka.clients import make_consumer
+
+    consumer = make_consumer(kafka, topic, group_id=None)
+    stamps: list[int] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(stamps) < count and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500, max_records=5000).values():
+                stamps.extend(r.timestamp for r in batch)
+    finally:
+        consumer.close()
+    return stamps
+
+
+def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int) -> None:
+    from workers.kafka.clients import make_consumer, make_producer
+
+    consumer = make_consumer(kafka, src, group_id=None, max_poll_records=2000)
+    producer = make_producer(kafka, name="bench-copy", batch_size=1024 * 1024)
+    copied = 0
+    try:
+        while copied < count:
+            for batch in consumer.poll(timeout_ms=500).values():
+                for r in batch:
+                    producer.send(dst, key=r.key, value=r.value, headers=r.headers)
+                copied += len(batch)
+        producer.flush(timeout=60)
+    finally:
+        producer.close()
+        consumer.close()
+
+
+async def _copy_aiokafka(kafka: KafkaConfig, src: str, dst: str, count: int) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    consumer = AIOKafkaConsumer(
+        src, **kafka.aiokafka_kwargs(), group_id=None, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=kafka.max_request_size,
+    )  # fmt: skip
+    producer = AIOKafkaProducer(
+        **kafka.aiokafka_kwargs(), acks="all", enable_idempotence=True, linger_ms=5,
+        max_batch_size=1024 * 1024, max_request_size=kafka.max_request_size,
+    )  # fmt: skip
+    await consumer.start()
+    await producer.start()
+    copied = 0
+    try:
+        while copied < count:
+            batches = await consumer.getmany(timeout_ms=500, max_records=2000)
+            futures = []
+            for batch in batches.values():
+                for r in batch:
+                    futures.append(
+                        await producer.send(dst, r.value, key=r.key, headers=list(r.headers))
+                    )
+                copied += len(batch)
+            if futures:
+                await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def _math_rate(workers: int, items: int) -> float:
+    from workers.reward.pool import ScorerPool
+
+    async with ScorerPool(workers) as pool:
+        await pool.run("math", {"response": "\\boxed{1}", "ground_truth": "1"}, 60)  # warm
+        started = time.perf_counter()
+        jobs = [
+            pool.run("math", {"response": r, "ground_truth": g}, 30)
+            for r, g in (_MATH_ITEMS[i % len(_MATH_ITEMS)] for i in range(items))
+        ]
+        await asyncio.gather(*jobs)
+        return items / (time.perf_counter() - started)
+
+
+def _run_stage(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    tok_dir: str,
+    tmp: Path,
+    n: int,
+    timeout: float,
+    batch_size: int,
+) -> list[int]:
+    config = {
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        "topics": {"prefix": topics.prefix},
+        "reward": {"app_id": f"{topics.prefix}reward", "tokenizer": tok_dir, "data_dir": str(tmp / "faust"),
+                   "data_sources": {"openai/gsm8k": "gsm8k"}, "session_timeout_s": 10,
+                   "stats_path": str(tmp / "stats.json"), "batch_size": batch_size},
+    }  # fmt: skip
+    path = tmp / "reward.yaml"
+    path.write_text(json.dumps(config))
+    with open(tmp / "worker.log", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.reward", "--config", str(path)],
+            cwd=_REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        return _timestamps(kafka, topics.name("scored"), n, timeout)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(
+    kafka: KafkaConfig,
+    *,
+    trajectories: int = 2000,
+    turns: int = 4,
+    tokens: int = 256,
+    math_items: int = 200,
+    pool_workers: int = 2,
+    batch_size: int = 1024,
+    tokenizer: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Run the benchmark on `kafka` (topics under a fresh prefix, deleted afterwards)."""
+    from kafka.admin import NewTopic
+    from transformers import AutoTokenizer
+
+    from pipeline.topics import create_topics, delete_topics
+    from workers.kafka.clients import make_admin, make_producer
+
+    topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
+    copies = [f"{topics.prefix}copy-kp", f"{topics.prefix}copy-aio"]
+    with tempfile.TemporaryDirectory(prefix="reward-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        if tokenizer is None:
+            from workers.llm.model_init import build_tokenizer
+
+            tokenizer = str(tmp / "tokenizer")
+            build_tokenizer().save_pretrained(tokenizer)
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        create_topics(kafka, topics)
+        admin = make_admin(kafka)
+        admin.create_topics(
+            [NewTopic(c, topics.scored.partitions, topics.replication_factor) for c in copies]
+        )
+        try:
+            events = _turns(tok, trajectories, turns, tokens)
+            producer = make_producer(kafka, name="bench")
+            for e in events:
+                producer.send(
+                    topics.name("turns"),
+                    key=e.trajectory_id,
+                    value=encode(e),
+                    headers=headers_for(e),
+                )
+            producer.flush(timeout=120)
+            producer.close()
+            msgs = len(events)
+            stage = _rate(
+                _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
+            )
+            stage_stats = json.loads((tmp / "stats.json").read_text())
+            _copy_kafka_python(kafka, topics.name("turns"), copies[0], msgs)
+            kp = _rate(_timestamps(kafka, copies[0], msgs, timeout_s))
+            asyncio.run(_copy_aiokafka(kafka, topics.name("turns"), copies[1], msgs))
+            aio = _rate(_timestamps(kafka, copies[1], msgs, timeout_s))
+            math_rate = asyncio.run(_math_rate(pool_workers, math_items))
+        finally:
+            delete_topics(kafka, topics)
+            internal = [c for c in admin.list_topics() if c.startswith(topics.prefix)]
+            admin.delete_topics(internal)
+            admin.close()
+    best = max(kp, aio)
+    copy_traj = best / turns
+    return {
+        "trajectories": trajectories,
+        "turns_per_trajectory": turns,
+        "tokens_per_turn": tokens,
+        "stage_trajectories_per_s": round(stage, 1),
+        "copy_kafka_python_msgs_per_s": round(kp, 1),
+        "copy_aiokafka_msgs_per_s": round(aio, 1),
+        "copy_best_client": "kafka-python" if kp >= aio else "aiokafka",
+        "copy_trajectories_per_s": round(copy_traj, 1),
+        "ratio": round(stage / copy_traj, 3) if copy_traj else 0.0,
+        "target_ratio": 0.5,
+        "math_verify_items_per_s": round(math_rate, 1),
+        "pool_workers": pool_workers,
+        "batch_size": batch_size,
+        "stage_seconds": {k: v for k, v in stage_stats.items() if k.startswith("t_")},
+        "stage_batches": stage_stats.get("batches"),
+    }
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bootstrap", default="localhost:9092")
+    parser.add_argument("--trajectories", type=int, default=2000)
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    result = run(
+        KafkaConfig(bootstrap_servers=args.bootstrap),
+        trajectories=args.trajectories,
+        tokenizer=args.tokenizer,
+        batch_size=args.batch_size,
+    )
+    sys.stdout.write(json.dumps(result) + "\n")

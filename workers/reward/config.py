@@ -1,0 +1,160 @@
+"""`RewardConfig`: everything the reward stage is configured by, and nothing else.
+
+Imports no faust, torch or transformers (the CLI parses it before anything heavy loads).
+Scorer dispatch, in order: `custom` when set; else `reward_model` when enabled; else the
+rule-based scorer that `data_sources` maps the trajectory's `data_source` to. A generative
+reward model without a custom function is rejected here, at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DEFAULT_DATA_SOURCES",
+    "CustomRewardConfig",
+    "Gsm8kConfig",
+    "MathConfig",
+    "RewardConfig",
+    "RewardModelConfig",
+]
+
+RuleScorer = Literal["gsm8k", "math"]
+
+#: verl's `default_compute_score` routing, plus short aliases.
+DEFAULT_DATA_SOURCES: dict[str, RuleScorer] = {
+    "openai/gsm8k": "gsm8k",
+    "gsm8k": "gsm8k",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "math": "math",
+}
+
+
+class Gsm8kConfig(BaseModel):
+    """The gsm8k rule (verl's `gsm8k.compute_score`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["strict", "flexible"] = Field(
+        default="strict", description="strict: last '#### n'; flexible: last number."
+    )
+    format_score: float = Field(default=0.0, description="Score of a wrong but present answer.")
+    score: float = Field(default=1.0, description="Score of a correct answer.")
+
+
+class MathConfig(BaseModel):
+    """The math rule: final answer from \\boxed{} or 'Answer:', checked by math-verify."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(
+        default=5.0, gt=0, le=600, description="Per item; the pool kills a worker past it."
+    )
+    format_score: float = Field(default=0.0, description="Score of a wrong but present answer.")
+    score: float = Field(default=1.0, description="Score of a correct answer.")
+
+
+class CustomRewardConfig(BaseModel):
+    """A user function `fn(solution_str, ground_truth, data_source, extra_info, trajectory)`.
+
+    It may be sync or async and return a float or a dict with a `score` key (the other keys
+    become `reward_extra`). `executor` says where a sync function runs: `thread` (default;
+    receives the `ScoredTrajectory` draft), or `process` (the scorer pool, killable on
+    timeout; receives the trajectory as a JSON dict). Async functions run on the loop.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="Importable module path, e.g. 'my_pkg.reward'.")
+    name: str = Field(default="compute_score", min_length=1, description="Function name.")
+    executor: Literal["thread", "process"] = Field(default="thread")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments.")
+
+
+class RewardModelConfig(BaseModel):
+    """A reward model served by replicas' `POST /classify` (discriminative) or called by a
+    custom function (generative)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(default=False, description="Score with the reward model.")
+    style: Literal["discriminative", "generative"] = Field(default="discriminative")
+    addresses: list[str] = Field(
+        default_factory=list, description="Base URLs of replicas serving /classify."
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Per /classify request.")
+    max_batch: int = Field(default=64, ge=1, le=4096, description="Sequences per request.")
+
+
+class RewardConfig(BaseModel):
+    """The reward stage: `rl.turns` → assembled, scored trajectories on `rl.scored`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    app_id: str = Field(
+        default="rollout-reward",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="faust app id: consumer group and changelog topic prefix.",
+    )
+    tokenizer: str | None = Field(
+        default=None, description="Directory for AutoTokenizer.from_pretrained (decodes responses)."
+    )
+    data_dir: str = Field(default="/tmp/rollout-reward", description="faust's data directory.")
+    batch_size: int = Field(default=1024, ge=1, le=65536, description="stream.take() batch size.")
+    batch_within_s: float = Field(default=0.2, gt=0, le=60, description="take() wait per batch.")
+    commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="faust commit timer.")
+    session_timeout_s: float = Field(
+        default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
+    )
+    pool_workers: int = Field(default=2, ge=1, le=256, description="Scorer pool processes.")
+    scorer_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="Per trajectory, custom and RM scorers."
+    )
+    on_failure: Literal["dlq", "score"] = Field(
+        default="dlq",
+        description="A scorer that raises or times out: dead-letter, or emit failure_score.",
+    )
+    failure_score: float = Field(default=0.0, description="Score when on_failure='score'.")
+    gsm8k: Gsm8kConfig = Field(default_factory=Gsm8kConfig)
+    math: MathConfig = Field(default_factory=MathConfig)
+    custom: CustomRewardConfig | None = Field(default=None, description="Overrides all scorers.")
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    data_sources: dict[str, RuleScorer] = Field(
+        default_factory=lambda: dict(DEFAULT_DATA_SOURCES),
+        description="data_source → rule scorer; unknown ones are dead-lettered.",
+    )
+    stats_path: str | None = Field(
+        default=None, description="Write the stage's counters here as JSON after each batch."
+    )
+
+    @model_validator(mode="after")
+    def _dispatch(self) -> RewardConfig:
+        rm = self.reward_model
+        if rm.enable and rm.style == "generative" and self.custom is None:
+            raise ValueError(
+                "reward_model.style='generative' needs a custom reward function "
+                "(reward.custom.path/name) that calls the model; none is configured"
+            )
+        if rm.enable and rm.style == "discriminative" and self.custom is None and not rm.addresses:
+            raise ValueError("reward_model.enable needs reward_model.addresses (/classify URLs)")
+        return self
+
+    def missing_for_start(self) -> str | None:
+        """What the stage lacks to start (checked at start, so defaults stay valid)."""
+        if self.scorer_kind != "reward_model" and self.tokenizer is None:
+            return "reward.tokenizer is required to decode responses for scoring"
+        return None
+
+    @property
+    def scorer_kind(self) -> Literal["custom", "reward_model", "rule"]:
+        """Which scorer every trajectory goes to (dispatch is per stage, not per item)."""
+        if self.custom is not None:
+            return "custom"
+        if self.reward_model.enable:
+            return "reward_model"
+        return "rule"

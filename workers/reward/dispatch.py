@@ -1,0 +1,238 @@
+"""Scorer dispatch: which scorer scores a trajectory, and running a batch of them at once.
+
+Order (decided once per stage by `RewardConfig.scorer_kind`):
+1. custom function when configured — called with keyword arguments `solution_str`,
+   `ground_truth`, `data_source`, `extra_info`, and `trajectory` if it accepts it (or
+   `**kwargs`), plus the configured `kwargs`; sync (in a thread or in the process pool) or
+   async (awaited on the loop);
+2. discriminative reward model when enabled — one `/classify` request per batch;
+3. the rule scorer `data_sources` names for the trajectory's `data_source`: gsm8k inline
+   (it reads at most 300 characters), math in the process pool with a per-item timeout.
+
+The response is decoded whole with the tokenizer (`skip_special_tokens=True`), tool and user
+tokens included, as verl's reward managers do. `score_batch` never raises for one item:
+each item yields a `Score` or the `RewardError` that stopped it, and the caller applies the
+failure policy. Items of a batch are scored concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workers.reward.assembler import Assembled
+from workers.reward.config import RewardConfig
+from workers.reward.exceptions import (
+    RewardError,
+    ScorerError,
+    ScorerTimeout,
+    UnknownDataSource,
+)
+from workers.reward.pool import ScorerPool
+from workers.reward.rm_client import RewardModelClient
+from workers.reward.scorers.gsm8k import gsm8k_score
+
+__all__ = ["Dispatcher", "Score", "load_custom", "normalise_result"]
+
+log = logging.getLogger("rollout.reward.dispatch")
+
+
+@dataclass
+class Score:
+    """A trajectory's reward and the extras that go into `reward_extra`."""
+
+    value: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_custom(path: str, name: str) -> Callable[..., Any]:
+    """Import `path` and return its `name` (at start, so a typo fails the stage early)."""
+    try:
+        fn = getattr(importlib.import_module(path), name)
+    except (ImportError, AttributeError) as exc:
+        raise RewardError(f"cannot load custom reward function {path}:{name}: {exc}") from exc
+    if not callable(fn):
+        raise RewardError(f"custom reward {path}:{name} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _accepts_trajectory(fn: Callable[..., Any]) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == "trajectory" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def normalise_result(result: Any) -> Score:
+    """A float/int/bool, or a dict with `score` (other keys → extras), as a `Score`."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ScorerError("custom reward returned a dict without 'score'")
+        extra = {k: _plain(v) for k, v in result.items() if k != "score"}
+        return Score(float(result["score"]), extra)
+    if isinstance(result, int | float | np.number):
+        return Score(float(result))
+    raise ScorerError(
+        f"a reward must be a number or a dict with 'score', got {type(result).__name__}"
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class Dispatcher:
+    """Scores batches of assembled trajectories as the config says."""
+
+    def __init__(
+        self,
+        config: RewardConfig,
+        *,
+        tokenizer: Any | None,
+        pool: ScorerPool | None,
+        reward_model: RewardModelClient | None = None,
+    ) -> None:
+        self.config = config
+        self.kind = config.scorer_kind
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.reward_model = reward_model
+        self._custom: Callable[..., Any] | None = None
+        self._custom_takes_trajectory = False
+        if config.custom is not None:
+            self._custom = load_custom(config.custom.path, config.custom.name)
+            self._custom_takes_trajectory = _accepts_trajectory(self._custom)
+        if self.kind == "reward_model" and reward_model is None:
+            raise ValueError("reward_model scoring needs a RewardModelClient")
+
+    async def score_batch(self, items: list[Assembled]) -> list[Score | RewardError]:
+        """One `Score` or `RewardError` per item, in order; never raises for an item."""
+        if not items:
+            return []
+        if self.kind == "reward_model":
+            return await self._score_rm(items)
+        texts = self._decode(items)
+        return list(
+            await asyncio.gather(
+                *(self._guarded(item, text) for item, text in zip(items, texts, strict=True))
+            )
+        )
+
+    def _decode(self, items: list[Assembled]) -> list[str]:
+        assert self.tokenizer is not None, "text scorers need a tokenizer"
+        ids = [item.fields["response_ids"].tolist() for item in items]
+        texts: list[str] = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return texts
+
+    async def _guarded(self, item: Assembled, text: str) -> Score | RewardError:
+        try:
+            if self.kind == "custom":
+                return await self._score_custom(item, text)
+            return await self._score_rule(item, text)
+        except RewardError as exc:
+            return exc
+        except Exception as exc:  # the user's code: any exception is a scorer failure
+            log.debug("scorer raised", exc_info=True)
+            return ScorerError(f"{type(exc).__name__}: {exc}", error_class=type(exc).__name__)
+
+    async def _score_rule(self, item: Assembled, text: str) -> Score:
+        scorer = self.config.data_sources.get(item.data_source)
+        if scorer is None:
+            raise UnknownDataSource(item.data_source)
+        if item.ground_truth is None:
+            raise ScorerError(f"{scorer} scorer needs reward_model.ground_truth; it is missing")
+        if scorer == "gsm8k":
+            g = self.config.gsm8k
+            value = gsm8k_score(
+                text, item.ground_truth, method=g.method, format_score=g.format_score, score=g.score
+            )
+            return Score(value, {"scorer": "gsm8k"})
+        assert self.pool is not None, "the math scorer needs the process pool"
+        m = self.config.math
+        result = await self.pool.run(
+            "math",
+            {
+                "response": text,
+                "ground_truth": item.ground_truth,
+                "format_score": m.format_score,
+                "score": m.score,
+            },
+            m.timeout_s,
+        )
+        return Score(float(result), {"scorer": "math"})
+
+    async def _score_custom(self, item: Assembled, text: str) -> Score:
+        custom = self.config.custom
+        assert custom is not None and self._custom is not None
+        timeout = self.config.scorer_timeout_s
+        kwargs: dict[str, Any] = {
+            "solution_str": text,
+            "ground_truth": item.ground_truth,
+            "data_source": item.data_source,
+            "extra_info": item.extra_info,
+            **custom.kwargs,
+        }
+        if custom.executor == "process" and not inspect.iscoroutinefunction(self._custom):
+            assert self.pool is not None, "executor='process' needs the process pool"
+            if self._custom_takes_trajectory:
+                kwargs["trajectory"] = _plain_trajectory(item)
+            request = {"path": custom.path, "name": custom.name, **kwargs}
+            result = await self.pool.run("custom", request, timeout)
+        else:
+            if self._custom_takes_trajectory:
+                kwargs["trajectory"] = item.fields
+            call = (
+                self._custom(**kwargs)
+                if inspect.iscoroutinefunction(self._custom)
+                else asyncio.to_thread(self._custom, **kwargs)
+            )
+            try:
+                result = await asyncio.wait_for(call, timeout)
+            except TimeoutError:
+                raise ScorerTimeout(
+                    f"custom reward exceeded {timeout:g}s", timeout_s=timeout
+                ) from None
+        score = normalise_result(result)
+        score.extra.setdefault("scorer", "custom")
+        return score
+
+    async def _score_rm(self, items: list[Assembled]) -> list[Score | RewardError]:
+        assert self.reward_model is not None
+        sequences = [
+            [*item.fields["prompt_ids"].tolist(), *item.fields["response_ids"].tolist()]
+            for item in items
+        ]
+        try:
+            scores, version = await asyncio.wait_for(
+                self.reward_model.classify(sequences), self.config.scorer_timeout_s
+            )
+        except TimeoutError:
+            timeout = self.config.scorer_timeout_s
+            error = ScorerTimeout(f"reward model exceeded {timeout:g}s", timeout_s=timeout)
+            return [error] * len(items)
+        except RewardError as exc:
+            return [exc] * len(items)
+        extra = {"scorer": "reward_model", "rm_version": version}
+        return [Score(s, dict(extra)) for s in scores]
+
+    async def close(self) -> None:
+        if self.reward_model is not None:
+            await self.reward_model.close()
+
+
+def _plain_trajectory(item: Assembled) -> dict[str, Any]:
+    """The trajectory as JSON-able data for a custom function in the process pool."""
+    out: dict[str, Any] = {}
+    for key, value in item.fields.items():
+        if isinstance(value, np.ndarray):
+            out[key] = value.tolist()
+        elif hasattr(value, "model_dump"):
+            out[key] = value.model_dump(mode="json")
+        else:
+            out[key] = value
+    return out

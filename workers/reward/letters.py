@@ -1,0 +1,57 @@
+"""Dead letters of the reward stage (`schemas.deadletter` headers, stage `reward`).
+
+- a turn that does not decode, or a trajectory that cannot be assembled: the original
+  record's key and bytes, with its topic/partition/offset;
+- a trajectory that cannot be scored (scorer error or timeout, unknown data_source): key
+  uid, value the whole trajectory as a `ScoredTrajectory` tagged `reward_failed` (so it can
+  be re-scored from the dead letter alone), headers pointing at the turn that completed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.codec import encode, headers_for
+from schemas.deadletter import DeadLetter
+from schemas.events import ScoredTrajectory
+from workers.reward.exceptions import RewardError
+from workers.reward.ledger import TRAJECTORY_HEADER
+
+__all__ = ["STAGE", "record_letter", "trajectory_letter"]
+
+STAGE = "reward"
+
+
+def record_letter(message: Any, exc: BaseException, value: bytes | None = None) -> DeadLetter:
+    """A consumed record (faust `Message`) that could not be processed."""
+    return DeadLetter(
+        stage=STAGE,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        error_class=type(exc).__name__,
+        error_cause=getattr(exc, "cause", None) or "error",
+        error_message=str(exc) or repr(exc),
+        key=message.key,
+        value=value if value is not None else message.value,
+        original_headers=[(k, bytes(v)) for k, v in (message.headers or [])],
+    )
+
+
+def trajectory_letter(message: Any, tagged: ScoredTrajectory, exc: RewardError) -> DeadLetter:
+    """A complete trajectory that could not be scored; `message` is its completing turn."""
+    return DeadLetter(
+        stage=STAGE,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        error_class=getattr(exc, "error_class", type(exc).__name__),
+        error_cause=exc.cause,
+        error_message=str(exc),
+        key=tagged.uid.encode(),
+        value=encode(tagged),
+        original_headers=[
+            *headers_for(tagged),
+            (TRAJECTORY_HEADER, tagged.trajectory_id.encode()),
+        ],
+    )

@@ -1,0 +1,76 @@
+"""Start the reward stage: `run_worker(kafka, topics, reward)` (what `rollout worker reward` runs).
+
+Checks the config, reads the source topic's partition count from the broker (the table's
+changelog must have as many), loads the tokenizer, then runs the faust worker until SIGTERM
+or SIGINT (graceful: the batch in flight finishes and is committed) or SIGKILL (nothing is
+lost: uncommitted turns are redelivered and the stage de-duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from schemas.errors import RolloutError
+from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.reward.config import RewardConfig
+from workers.reward.exceptions import RewardError
+
+__all__ = ["load_tokenizer", "run_worker", "source_partitions"]
+
+log = logging.getLogger("rollout.reward")
+
+
+def source_partitions(kafka: KafkaConfig, topic: str) -> int:
+    """Partitions of `topic` on the broker; `RewardError` if it does not exist."""
+    from workers.kafka.clients import make_admin
+
+    admin = make_admin(kafka)
+    try:
+        described = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    for entry in described:
+        if entry.get("name", entry.get("topic")) == topic and entry.get("partitions"):
+            return len(entry["partitions"])
+    raise RewardError(f"topic {topic} does not exist (run `rollout topics create`)")
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise RewardError(f"cannot load the tokenizer from {path}: {exc}") from exc
+
+
+def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig) -> int:
+    """Run the reward stage in this process until it is stopped; the exit status."""
+    missing = config.missing_for_start()
+    if missing:
+        raise RewardError(missing)
+    import faust
+
+    from workers.reward.app import RewardStage
+
+    partitions = source_partitions(kafka, topics.name("turns"))
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    stage = RewardStage(kafka, topics, config, source_partitions=partitions, tokenizer=tokenizer)
+    log.info(
+        "reward stage %s on %s (%d partitions)", config.app_id, topics.name("turns"), partitions
+    )
+    worker = faust.Worker(
+        stage.app,
+        loglevel=logging.getLogger().getEffectiveLevel(),
+        quiet=True,
+        override_logging=False,
+        redirect_stdouts=False,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except RolloutError:
+        raise
+    return 0
