@@ -313,13 +313,18 @@ def serve(
         max_model_len=max_model_len,
     )
     rid = replica_id or f"{BACKEND}-{port}"
-    app = create_app(
-        model_dir,
-        replica_id=rid,
-        version=version,
-        config=config,
-        served_model_name=served_model_name,
-    )
+    from workers.llm.replicas.hf_classify import create_classifier_app, is_classifier
+
+    if is_classifier(model_dir):  # a reward model: /classify instead of generation
+        app = create_classifier_app(model_dir, replica_id=rid, version=version, threads=threads)
+    else:
+        app = create_app(
+            model_dir,
+            replica_id=rid,
+            version=version,
+            config=config,
+            served_model_name=served_model_name,
+        )
     logger.info("replica %s listening on http://%s:%d", rid, host, port)
     web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None)
 
