@@ -272,6 +272,12 @@ def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     return int(run_worker(cfg.kafka, cfg.topics, cfg.reward) or 0)
 
 
+def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.replay.worker import run_worker
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.replay) or 0)
+
+
 def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     from dataclasses import asdict
 
@@ -521,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(handler=cmd_worker_agent_loop)
     reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
     reward.set_defaults(handler=cmd_worker_reward)
+    replay = wsub.add_parser("replay", help="rl.scored → groups, staleness, advantages → rl.replay.")
+    replay.set_defaults(handler=cmd_worker_replay)
 
     demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
     demo.add_argument("--prompts", type=int, default=64)

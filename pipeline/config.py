@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +26,7 @@ from pydantic_settings import (
 from schemas.errors import RolloutError
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
 
@@ -71,7 +72,33 @@ class RunConfig(BaseSettings):
     produce: ProduceConfig = Field(default_factory=ProduceConfig)
     agent_loop: AgentLoopWorkerConfig = Field(default_factory=AgentLoopWorkerConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _stages_agree(self) -> RunConfig:
+        """Settings that several stages must share, checked once for the whole run."""
+        if self.replay.n != self.agent_loop.n:
+            raise ValueError(
+                f"replay.n ({self.replay.n}) must equal agent_loop.n ({self.agent_loop.n}): "
+                "the replay stage waits for that many samples per prompt"
+            )
+        gate = self.agent_loop.admission
+        if gate.max_staleness is not None:
+            if gate.train_batch_size != self.trainer.train_batch_size:
+                raise ValueError(
+                    "agent_loop.admission.train_batch_size must equal trainer.train_batch_size"
+                )
+            for name, value in (
+                ("trainer", self.trainer.max_staleness),
+                ("replay", self.replay.max_staleness),
+            ):
+                if value is not None and value != gate.max_staleness:
+                    raise ValueError(
+                        f"{name}.max_staleness ({value}) differs from "
+                        f"agent_loop.admission.max_staleness ({gate.max_staleness})"
+                    )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -9,6 +9,11 @@ Staleness of a group = current policy version − the group's `min_global_steps`
 token's version); over `max_staleness` it goes to the stale topic (policy `drop`) or on to
 training anyway (`keep`).
 
+`judge` decides in this order, the first that applies naming the drop reason: a partial
+group under partial policy `drop` → `timeout`; too stale under `drop` → `stale`; all rewards
+equal (a single sample included) with dynamic sampling on → `zero_variance`. A dropped group
+still carries its advantages, so what lands on the stale topic can be analysed or reused.
+
 Advantages (GRPO): `A_i = r_i − mean(r)`, divided by `std(r) + eps` when normalising by std
 (Dr. GRPO turns that off). A group whose rewards are all equal carries no signal; with
 dynamic sampling (DAPO) it is dropped.
@@ -23,7 +28,7 @@ from typing import Literal
 
 from schemas.events import ScoredTrajectory, TrainingGroup
 
-__all__ = ["Decision", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
+__all__ = ["Decision", "Drop", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
 
 Drop = Literal["stale", "zero_variance", "timeout", "duplicate_group"]
 
@@ -99,8 +104,10 @@ def judge(
     stale_policy: Literal["drop", "keep"],
     drop_zero_variance: bool,
     norm_by_std: bool,
+    partial_policy: Literal["emit", "drop"] = "emit",
+    eps: float = 1e-6,
 ) -> Decision:
-    """Staleness policy, dynamic sampling and advantages for one finished group."""
+    """Partial policy, staleness policy, dynamic sampling and advantages for one group."""
     samples = [group.samples[i] for i in sorted(group.samples)]
     low = min(s.extra_fields.min_global_steps for s in samples)
     high = max(s.extra_fields.max_global_steps for s in samples)
@@ -109,13 +116,15 @@ def judge(
     built = TrainingGroup(
         uid=group.uid,
         samples=samples,
-        advantages=group_advantages(rewards, norm_by_std=norm_by_std),
+        advantages=group_advantages(rewards, norm_by_std=norm_by_std, eps=eps),
         min_global_steps=low,
         max_global_steps=high,
         emitted_at_version=current_version,
     )
+    if not group.complete and partial_policy == "drop":
+        return Decision(built, "timeout", staleness)
     if max_staleness is not None and staleness > max_staleness and stale_policy == "drop":
         return Decision(built, "stale", staleness)
-    if drop_zero_variance and len(samples) > 1 and max(rewards) == min(rewards):
+    if drop_zero_variance and max(rewards) == min(rewards):
         return Decision(built, "zero_variance", staleness)
     return Decision(built, None, staleness)

@@ -1,0 +1,308 @@
+"""One batch of the replay stage: samples in, groups judged, persisted and produced.
+
+`GroupProcessor.process(events)` takes one batch of `rl.scored` samples and ticks and:
+
+1. decodes each sample (undecodable, wrong kind or key ≠ uid → `rl.dlq`) and adds it to its
+   group (`state` has the table layout); a sample index already in the group is a duplicate,
+   a new one arriving after its group was finished is counted as late;
+2. sweeps the open groups of every partition the batch touched (a tick touches its
+   partition): EMITTING ones (left by a crash) are looked up on their output partition
+   (`ledger`): found → DONE, missing → judged again; complete ones, and those past
+   `group_timeout_s` since their first sample, are judged (`groups.judge`: partial policy,
+   staleness against the latest `rl.policy` version, zero variance, advantages);
+3. persists new samples, then changed headers and an EMITTING marker per judged group (holding
+   its output partition's end offset), and awaits the broker's acknowledgements;
+4. produces each group to `rl.replay`, or to `rl.stale` with header `rl.drop_reason`
+   (`stale`, `zero_variance`, `timeout`: every finished prompt lands on one of the two, so
+   the trainer's admission accounting can count dropped prompts too), and dead letters to
+   `rl.dlq`, and awaits every acknowledgement;
+5. deletes the finished groups' samples and marks them DONE (changelog writes, not awaited:
+   a lost one leaves EMITTING, which step 2 resolves).
+
+It returns only when everything the batch caused is acknowledged; any Kafka error propagates
+(the app then exits without committing). Only the groups of partitions this worker owns are
+in `open` (`reindex` after every rebalance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from schemas.codec import decode_as, encode, headers_for
+from schemas.deadletter import DeadLetter
+from schemas.errors import DecodeError
+from schemas.events import ScoredTrajectory
+from workers.replay.config import ReplayConfig
+from workers.replay.groups import Decision, PendingGroup, judge
+from workers.replay.ledger import GroupLedger
+from workers.replay.policy import PolicyTracker
+from workers.replay.state import GroupState
+from workers.replay.stats import ReplayStats
+from workers.replay.table import GroupTable
+
+__all__ = ["DROP_REASON_HEADER", "STAGE", "STALENESS_HEADER", "GroupProcessor", "Routes"]
+
+log = logging.getLogger("rollout.replay")
+
+STAGE = "replay"
+DROP_REASON_HEADER = "rl.drop_reason"
+STALENESS_HEADER = "rl.staleness"
+
+
+@dataclass(frozen=True)
+class Routes:
+    """The topics one batch reads from and writes to."""
+
+    tick: str
+    replay: str
+    stale: str
+    dlq: str
+
+
+class GroupProcessor:
+    """The per-batch logic of the stage, over the table and the stage's Kafka clients."""
+
+    def __init__(
+        self,
+        config: ReplayConfig,
+        table: GroupTable,
+        stats: ReplayStats,
+        routes: Routes,
+        *,
+        producer: AIOKafkaProducer,
+        ledger: GroupLedger,
+        policy: PolicyTracker,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.stats = stats
+        self.topics = routes
+        self.producer = producer
+        self.ledger = ledger
+        self.policy = policy
+        self._open: dict[str, GroupState] = {}  # uid → unfinished group of an owned partition
+
+    def reindex(self, assigned: frozenset[int]) -> None:
+        """After a rebalance (and the table's recovery): the unfinished groups we own now."""
+        self._open = self.table.open_groups(assigned)
+        log.info("partitions %s: %d open groups", sorted(assigned), len(self._open))
+
+    async def process(self, events: list[Any]) -> None:
+        """Group, judge, persist and emit one batch (steps 1–5 of the module doc)."""
+        now = time.time()
+        pending: list[Any] = []  # broker futures of phase 2 (outputs and dead letters)
+        touched: set[int] = set()
+        fresh: dict[str, dict[int, bytes]] = {}  # uid → sample index → bytes, new this batch
+        changed: dict[str, GroupState] = {}  # headers to persist in phase 1
+        for event in events:
+            message = event.message
+            touched.add(message.partition)
+            if message.topic == self.topics.tick:
+                self.stats.add("ticks")
+                continue
+            self.stats.add("samples")
+            try:
+                sample = decode_as(event.value, ScoredTrajectory)
+                if message.key != sample.uid.encode():
+                    raise DecodeError(
+                        f"key {message.key!r} is not the sample's uid {sample.uid!r}",
+                        cause="key_mismatch",
+                    )
+            except DecodeError as exc:
+                self.stats.add("decode_errors")
+                pending.append(await self._dead_letter(message, exc))
+                continue
+            self._add(sample, event.value, message.partition, now, fresh, changed)
+
+        finish = [
+            s
+            for s in self._open.values()
+            if s.partition in touched
+            and s.status == "pending"
+            and (s.complete or now - s.first_seen >= self.config.group_timeout_s)
+        ]
+        settled = await self._resolve_emitting(touched, finish)
+        outputs, unreadable = await self._judge_all(finish, fresh, changed)
+
+        # Phase 1: new samples, then headers and EMITTING markers, acknowledged before outputs.
+        writes = [
+            self.table.put_sample(uid, i, raw, changed[uid].partition)
+            for uid, by_index in fresh.items()
+            for i, raw in by_index.items()
+        ]
+        writes += [self.table.put_group(state) for state in changed.values()]
+        if writes:
+            await asyncio.gather(*await asyncio.gather(*writes))
+
+        # Phase 2: outputs and dead letters, every acknowledgement awaited.
+        for state, decision, topic in outputs:
+            pending.append(await self._produce(state, decision, topic))
+        if pending:
+            await asyncio.gather(*pending)
+
+        # Phase 3: delete the samples, then DONE (a lost write leaves EMITTING, which resolves).
+        done = [*settled, *unreadable, *(state for state, _, _ in outputs)]
+        background = []
+        for state in done:
+            background += self.table.delete_samples(state)
+            state.mark_done()
+            background.append(self.table.put_group(state))
+            self._open.pop(state.uid, None)
+        for write in background:
+            await write
+        self.stats.add("batches")
+
+    def _add(
+        self,
+        sample: ScoredTrajectory,
+        raw: bytes,
+        partition: int,
+        now: float,
+        fresh: dict[str, dict[int, bytes]],
+        changed: dict[str, GroupState],
+    ) -> None:
+        uid, index = sample.uid, sample.sample_index
+        state = self._open.get(uid) or self.table.load(uid)
+        if state is None:
+            state = GroupState(uid=uid, partition=partition, first_seen=now, expected=self.config.n)
+        if state.unfinished:
+            self._open[uid] = state
+        if index in state.indices:
+            self.stats.add("duplicates")
+            return
+        if state.status != "pending":
+            self.stats.add("late_samples")
+            log.warning(
+                "late sample %s: its group is already %s", sample.trajectory_id, state.status
+            )
+            return
+        if index >= state.expected:
+            self.stats.add("beyond_n")
+        if partition != state.partition:
+            self.stats.add("partition_mismatch")
+        state.indices.append(index)
+        fresh.setdefault(uid, {})[index] = bytes(raw)
+        changed[uid] = state
+
+    async def _resolve_emitting(
+        self, touched: set[int], finish: list[GroupState]
+    ) -> list[GroupState]:
+        """EMITTING groups (left by a crash): DONE if their output is there, else judged again."""
+        marked = [
+            s for s in self._open.values() if s.partition in touched and s.status == "emitting"
+        ]
+        if not marked:
+            return []
+        wanted: dict[tuple[str, int], list[GroupState]] = {}
+        for state in marked:
+            topic = self.topics.replay if state.verdict == "replay" else self.topics.stale
+            wanted.setdefault((topic, state.out_partition or 0), []).append(state)
+        found: set[str] = set()
+        for (topic, partition), states in wanted.items():
+            since = min(s.since or 0 for s in states)
+            found |= await self.ledger.emitted_since(
+                topic, partition, since, {s.uid for s in states}
+            )
+        settled = []
+        for state in marked:
+            if state.uid in found:
+                self.stats.add("emit_recovered_present")
+                settled.append(state)
+            else:
+                self.stats.add("emit_recovered_missing")
+                state.reopen()
+                finish.append(state)
+        return settled
+
+    async def _judge_all(
+        self,
+        finish: list[GroupState],
+        fresh: dict[str, dict[int, bytes]],
+        changed: dict[str, GroupState],
+    ) -> tuple[list[tuple[GroupState, Decision, str]], list[GroupState]]:
+        """Judge every finished group; mark each EMITTING with its output's partition and offset.
+
+        Returns the groups to produce, and the (never expected) groups with nothing to produce.
+        """
+        unreadable: list[GroupState] = []
+        version = self.stats.policy_version = self.policy.version
+        c = self.config
+        judged: list[tuple[GroupState, Decision, str, int]] = []
+        for state in finish:
+            samples = self._samples(state, fresh.get(state.uid, {}))
+            if not samples:  # only if the table's bytes stopped decoding (a schema change)
+                log.error("group %s has no readable samples; marking it done", state.uid)
+                self.stats.add("groups_unreadable")
+                state.verdict = "unreadable"
+                unreadable.append(state)
+                continue
+            group = PendingGroup(state.uid, state.expected, state.first_seen, samples)
+            decision = judge(
+                group, current_version=version, max_staleness=c.max_staleness,
+                stale_policy=c.stale_policy, drop_zero_variance=c.drop_zero_variance,
+                norm_by_std=c.norm_adv_by_std, partial_policy=c.partial_policy, eps=c.adv_eps,
+            )  # fmt: skip
+            self.stats.add("groups_complete" if group.complete else "groups_partial")
+            self.stats.observe_staleness(decision.staleness)
+            topic = self.topics.replay if decision.drop is None else self.topics.stale
+            judged.append((state, decision, topic, self.ledger.partition_for(topic, state.uid)))
+        ends = await self.ledger.end_offsets({(t, p) for _, _, t, p in judged}) if judged else {}
+        for state, decision, topic, partition in judged:
+            state.mark_emitting(decision.drop or "replay", partition, ends[topic, partition])
+        for state in finish:
+            changed[state.uid] = state
+        return [(s, d, t) for s, d, t, _ in judged], unreadable
+
+    def _samples(self, state: GroupState, fresh: dict[int, bytes]) -> dict[int, ScoredTrajectory]:
+        out: dict[int, ScoredTrajectory] = {}
+        for index in state.indices:
+            raw = fresh.get(index) or self.table.sample(state.uid, index)
+            try:
+                out[index] = decode_as(raw, ScoredTrajectory)
+            except DecodeError as exc:
+                log.error("sample %s/%d of the table is unreadable: %s", state.uid, index, exc)
+        return out
+
+    async def _produce(self, state: GroupState, decision: Decision, topic: str) -> Any:
+        assert decision.group is not None
+        group = decision.group
+        headers = [*headers_for(group), (STALENESS_HEADER, str(decision.staleness).encode())]
+        if decision.drop is not None:
+            headers.append((DROP_REASON_HEADER, decision.drop.encode()))
+            self.stats.add(f"dropped_{decision.drop}")
+        else:
+            self.stats.add("emitted")
+        return await self.producer.send(
+            topic,
+            encode(group),
+            key=state.uid.encode(),
+            partition=state.out_partition,
+            headers=headers,
+        )
+
+    async def _dead_letter(self, message: Any, exc: DecodeError) -> Any:
+        letter = DeadLetter(
+            stage=STAGE,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            error_class=type(exc).__name__,
+            error_cause=exc.cause,
+            error_message=str(exc) or repr(exc),
+            key=message.key,
+            value=message.value,
+            original_headers=[(k, bytes(v)) for k, v in (message.headers or [])],
+        )
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s (%s)",
+            letter.topic, letter.partition, letter.offset, letter.error_message[:200], exc.cause,
+        )  # fmt: skip
+        return await self.producer.send(
+            self.topics.dlq, letter.value, key=letter.key, headers=letter.headers()
+        )

@@ -1,0 +1,88 @@
+"""`ReplayConfig`: everything the replay-buffer stage is configured by, and nothing else.
+
+Imports no faust (the CLI parses it before anything heavy loads). Group size: every prompt
+is expected to have `n` samples. `ScoredTrajectory` does not carry the prompt's own `n`, so a
+per-prompt `n` (`PromptEvent.n`) is not honoured here yet: a prompt rolled out more often
+completes its group at the first `n` distinct samples (the rest count as late), one rolled out
+less often waits for the timeout. Carrying `n` on the scored event would fix that.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["PartialPolicy", "ReplayConfig", "StalePolicy"]
+
+PartialPolicy = Literal["emit", "drop"]
+StalePolicy = Literal["drop", "keep"]
+
+
+class ReplayConfig(BaseModel):
+    """The replay-buffer stage: `rl.scored` → `TrainingGroup`s on `rl.replay` (or `rl.stale`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    app_id: str = Field(
+        default="rollout-replay",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="faust app id: consumer group, changelog prefix, tick topic prefix.",
+    )
+    data_dir: str = Field(default="/tmp/rollout-replay", description="faust's data directory.")
+    n: int = Field(default=4, ge=1, le=1024, description="Samples per prompt (group size).")
+    group_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="Wall seconds from a group's first sample until it is finished partial.",
+    )
+    partial_policy: PartialPolicy = Field(
+        default="emit",
+        description="A group that times out: emit what it has, or drop it to rl.stale ('timeout').",
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most policy versions a group may lag (version − min_global_steps); None: any.",
+    )
+    stale_policy: StalePolicy = Field(
+        default="drop", description="Over max_staleness: drop to rl.stale ('stale') or keep."
+    )
+    drop_zero_variance: bool = Field(
+        default=False,
+        description="DAPO dynamic sampling: groups whose rewards are all equal go to rl.stale.",
+    )
+    norm_adv_by_std: bool = Field(
+        default=True, description="GRPO: divide by the group's std; False is Dr. GRPO."
+    )
+    adv_eps: float = Field(default=1e-6, gt=0, le=1.0, description="Added to std when dividing.")
+    batch_size: int = Field(default=256, ge=1, le=65536, description="stream.take() batch size.")
+    batch_within_s: float = Field(default=0.2, gt=0, le=60, description="take() wait per batch.")
+    tick_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="How often the stage wakes itself (a tick per partition) to expire groups.",
+    )
+    commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="faust commit timer.")
+    session_timeout_s: float = Field(
+        default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
+    )
+    stats_path: str | None = Field(
+        default=None, description="Write the stage's counters here as JSON after each batch."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReplayConfig:
+        if self.drop_zero_variance and self.n < 2:
+            raise ValueError("drop_zero_variance needs n >= 2 (a single sample has no variance)")
+        if self.tick_interval_s > self.group_timeout_s:
+            raise ValueError("tick_interval_s must not exceed group_timeout_s")
+        return self
+
+    @property
+    def tick_topic(self) -> str:
+        """The stage's own wake-up topic (created at start, as many partitions as rl.scored)."""
+        return f"{self.app_id}-ticks"

@@ -1,0 +1,15 @@
+"""Errors of the replay stage.
+
+RolloutError
+└── ReplayError                 the stage cannot start or run (missing topic, bad tick topic)
+"""
+
+from __future__ import annotations
+
+from schemas.errors import RolloutError
+
+__all__ = ["ReplayError"]
+
+
+class ReplayError(RolloutError):
+    """The replay stage cannot start or run as configured."""
