@@ -27,8 +27,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from workers.kafka.exceptions import KafkaUnavailableError
 
@@ -59,6 +61,7 @@ class BrokerState:
     bootstrap: str
     started_at: float
     reused: bool = False
+    secure: bool = False  # SASL_SSL + ACLs (pipeline/kafka_secure.py); creds in data_dir
 
     @classmethod
     def path_for(cls, port: int) -> Path:
@@ -125,8 +128,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker at `bootstrap` answers a metadata request."""
+def _metadata_ok(bootstrap: str, timeout_s: float = 2.0, **security: Any) -> bool:
+    """True when a broker at `bootstrap` answers a metadata request.
+
+    `security` are kafka-python connection settings (SASL/SSL) for a secure broker.
+    """
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -136,6 +142,7 @@ def _metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
             request_timeout_ms=int(timeout_s * 1000),
             bootstrap_timeout_ms=int(timeout_s * 1000),
             client_id="rollout-probe",
+            **security,
         )
     except (KafkaError, OSError, ValueError):
         return False
@@ -189,15 +196,29 @@ def start_broker(
     heap: str = "1g",
     timeout_s: float = 90.0,
     quiet: bool = False,
+    secure: bool = False,
+    users: Sequence[str] = (),
 ) -> BrokerState:
-    """Start (or reuse) a single-node KRaft broker; return once it answers metadata."""
+    """Start (or reuse) a single-node KRaft broker; return once it answers metadata.
+
+    `secure=True`: a SASL_SSL listener (SCRAM-SHA-512, TLS from a CA of its own) with ACLs
+    instead of PLAINTEXT; `users` get SCRAM credentials besides `admin` (see kafka_secure).
+    """
     started = time.monotonic()
     bootstrap = f"localhost:{port}"
     state = BrokerState.load(port)
-    if state is not None and _is_our_broker(state) and _metadata_ok(bootstrap):
+    if state is not None and _is_our_broker(state) and _metadata_ok(bootstrap, **_probe(state)):
+        if state.secure != secure:
+            raise KafkaUnavailableError(
+                f"a {'secure' if state.secure else 'plain'} broker already runs on port {port}"
+            )
+        if secure and users:
+            _secure_users(state.data_dir, bootstrap, users)
         state.reused = True
         return state
     if _port_open(host, port):
+        if secure:
+            raise KafkaUnavailableError(f"port {port} is taken by a process `up` did not start")
         if _metadata_ok(bootstrap):
             return BrokerState(-1, port, -1, "", bootstrap, time.time(), reused=True)
         raise KafkaUnavailableError(f"port {port} is taken by something that is not Kafka")
@@ -211,20 +232,37 @@ def start_broker(
     formatted = (data / "logs" / "meta.properties").exists()
     controller_port = int(saved.read_text()) if formatted and saved.exists() else _free_port()
     props = data / "server.properties"
-    template = string.Template((INFRA / "server.properties.template").read_text())
-    props.write_text(
-        template.substitute(
-            host=host,
-            advertised_host="localhost",
-            port=port,
-            controller_port=controller_port,
-            log_dir=data / "logs",
+    if formatted and secure != (data / "credentials.json").exists():
+        kind = "plain" if secure else "secure"
+        raise KafkaUnavailableError(f"{data} holds a {kind} broker's data: start it as one")
+    setup = None
+    if secure:
+        from pipeline import kafka_secure
+
+        setup = kafka_secure.prepare(data, host=host, advertised_host="localhost", port=port,
+                                     controller_port=controller_port, users=users)  # fmt: skip
+    else:
+        template = string.Template((INFRA / "server.properties.template").read_text())
+        props.write_text(
+            template.substitute(
+                host=host,
+                advertised_host="localhost",
+                port=port,
+                controller_port=controller_port,
+                log_dir=data / "logs",
+            )
         )
-    )
+    probe = _security_kwargs(setup.admin_config(bootstrap).client_kwargs()) if setup else {}
     if not formatted:
-        fmt = _java(lib, "kafka.tools.StorageTool", "format", "--standalone",
-                    "-t", _cluster_id(), "-c", str(props))  # fmt: skip
-        result = subprocess.run(fmt, capture_output=True, text=True, check=False)
+        fmt_args = ["kafka.tools.StorageTool", "format", "--standalone",
+                    "-t", _cluster_id(), "-c", str(props)]  # fmt: skip
+        if setup is not None:
+            # SCRAM users at format time; the passwords go through a 0600 argument file.
+            with kafka_secure.java_argfile(data, fmt_args + setup.scram_format_args()) as af:
+                result = subprocess.run(_java(lib, af), capture_output=True, text=True, check=False)
+        else:
+            fmt = _java(lib, *fmt_args)
+            result = subprocess.run(fmt, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise KafkaUnavailableError(
                 f"formatting KRaft storage failed:\n{result.stdout}{result.stderr}"
@@ -245,9 +283,13 @@ def start_broker(
         if proc.poll() is not None:
             tail = (data / "server.log").read_text(errors="replace")[-3000:]
             raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
-        if _port_open(host, port) and _metadata_ok(bootstrap):
-            state = BrokerState(proc.pid, port, controller_port, str(data), bootstrap, time.time())
+        if _port_open(host, port) and _metadata_ok(bootstrap, **probe):
+            state = BrokerState(
+                proc.pid, port, controller_port, str(data), bootstrap, time.time(), secure=secure
+            )
             state.save()
+            if setup is not None and formatted and setup.added_users:
+                _secure_users(str(data), bootstrap, setup.added_users)
             if not quiet:
                 print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
                       f"(pid {proc.pid}, data {data})", file=sys.stderr)  # fmt: skip
@@ -257,6 +299,34 @@ def start_broker(
     raise KafkaUnavailableError(
         f"the broker did not answer within {timeout_s:.0f}s; see {data / 'server.log'}"
     )
+
+
+def _probe(state: BrokerState) -> dict[str, Any]:
+    """Connection settings of the readiness probe: the admin's for a secure broker."""
+    if not state.secure:
+        return {}
+    from pipeline.kafka_secure import SecureBrokerError, client_config
+
+    try:
+        return _security_kwargs(
+            client_config(state.bootstrap, state.data_dir, "admin").client_kwargs()
+        )
+    except SecureBrokerError:
+        return {}  # credentials gone (purged data dir): the probe then fails, as it should
+
+
+def _security_kwargs(client_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The SASL/SSL part of kafka-python settings (the probe sets its own address, timeouts)."""
+    return {k: v for k, v in client_kwargs.items() if k.startswith(("sasl_", "ssl_", "security_"))}
+
+
+def _secure_users(data_dir: str, bootstrap: str, users: Sequence[str]) -> None:
+    """Give `users` credentials on a running secure broker (new ones, or ones never created)."""
+    from pipeline import kafka_secure
+
+    creds, _ = kafka_secure.ensure_credentials(Path(data_dir), users)
+    admin = kafka_secure.client_config(bootstrap, data_dir, kafka_secure.ADMIN_USER)
+    kafka_secure.ensure_users(admin, creds, list(users))
 
 
 def _cluster_id() -> str:
@@ -298,11 +368,13 @@ def broker_status(port: int = 9092) -> dict[str, object]:
     """What is known about the broker on `port`."""
     state = BrokerState.load(port)
     bootstrap = f"localhost:{port}"
-    answering = _port_open("127.0.0.1", port) and _metadata_ok(bootstrap)
+    security = _probe(state) if state is not None else {}
+    answering = _port_open("127.0.0.1", port) and _metadata_ok(bootstrap, **security)
     return {
         "bootstrap": bootstrap,
         "answering": answering,
         "managed": state is not None and _is_our_broker(state),
         "pid": state.pid if state else None,
         "data_dir": state.data_dir if state else None,
+        "secure": bool(state and state.secure),
     }

@@ -1,0 +1,215 @@
+"""Launch the whole pipeline on one machine, every stage its own process.
+
+`LocalPipeline(cfg, run_dir, replicas=2)` writes the run's resolved config to
+`run_dir/config.yaml` (secrets masked; they reach the children through the environment),
+then starts, as real subprocesses of the same `rollout` CLI a user would run:
+
+    hf replicas (+ a weight-sync controller beside each)   rollout replica serve / replica sync
+    the agent-loop worker                                  rollout worker agent-loop
+    the reward worker                                      rollout worker reward
+    the replay stage                                       rollout worker replay
+    the trainer                                            rollout train
+
+Each process logs to `run_dir/logs/<name>.log`. `stop()` (and leaving the context manager,
+also on Ctrl-C) sends SIGTERM to every process group it started, waits a grace period, and
+SIGKILLs what is left — it never touches a process it did not start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from pipeline.config import RunConfig
+
+__all__ = ["LocalPipeline", "StageProcess"]
+
+log = logging.getLogger("rollout.launch")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class StageProcess:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        log_file = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,  # its own process group: stop() signals it and its children
+        )
+        log_file.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+
+class LocalPipeline:
+    """Every stage of one run as subprocesses; a context manager that always cleans up."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path,
+        *,
+        model_dir: str,
+        replicas: int = 2,
+        replica_threads: int = 1,
+        stages: tuple[str, ...] = ("agent-loop", "reward", "replay", "train"),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.model_dir = model_dir
+        self.replicas = replicas
+        self.replica_threads = replica_threads
+        self.stages = stages
+        self.extra_env = extra_env or {}
+        self.processes: list[StageProcess] = []
+        self.replica_urls: list[str] = []
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> LocalPipeline:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        config_path = self.run_dir / "config.yaml"
+        config_path.write_text(yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
+        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        base = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path)]
+        for i in range(self.replicas):
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            self.replica_urls.append(url)
+            self._add(f"replica-{i}", [*base, "replica", "serve", "--backend", "hf", "--model", self.model_dir,
+                      "--port", str(port), "--replica-id", f"replica-{i}", "--threads",
+                      str(self.replica_threads), "--register"], env)  # fmt: skip
+            self._add(f"sync-{i}", [*base, "replica", "sync", "--replica", url], env)
+        commands = {
+            "agent-loop": ["worker", "agent-loop", "--model", self.model_dir],
+            "reward": ["worker", "reward"],
+            "replay": ["worker", "replay"],
+            "train": ["train"],
+        }
+        for stage in self.stages:
+            self._add(stage, [*base, *commands[stage]], env)
+        return self
+
+    def _add(self, name: str, argv: list[str], env: dict[str, str]) -> StageProcess:
+        stage = StageProcess(name, argv, self.run_dir / "logs" / f"{name}.log")
+        stage.start(env)
+        self.processes.append(stage)
+        log.info("started %s (pid %s)", name, stage.proc.pid if stage.proc else "?")
+        return stage
+
+    def _secret_env(self) -> dict[str, str]:
+        """Secrets travel to the children by environment, never in the config file on disk."""
+        env: dict[str, str] = {}
+        kafka = self.cfg.kafka
+        if kafka.sasl_password is not None:
+            env["ROLLOUT_KAFKA__SASL_PASSWORD"] = kafka.sasl_password.get_secret_value()
+        if kafka.ssl_password is not None:
+            env["ROLLOUT_KAFKA__SSL_PASSWORD"] = kafka.ssl_password.get_secret_value()
+        return env
+
+    def check(self) -> None:
+        """Raise if any stage died (with the end of its log)."""
+        for stage in self.processes:
+            if stage.proc is not None and stage.proc.poll() is not None:
+                raise RuntimeError(
+                    f"stage {stage.name} exited with {stage.proc.returncode}:\n{stage.tail()}"
+                )
+
+    def process(self, name: str) -> StageProcess:
+        return next(p for p in self.processes if p.name == name)
+
+    def restart(self, name: str) -> StageProcess:
+        """Start a stage again with the same command (after it was killed)."""
+        old = self.process(name)
+        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        old.start(env)
+        return old
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Producers first, so downstream stages can drain what is already on the topics.
+        for stage in reversed(self.processes):
+            stage.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for stage in self.processes:
+            while stage.alive and time.monotonic() < deadline:
+                time.sleep(0.1)
+        for stage in self.processes:
+            if stage.alive:
+                log.warning("%s did not stop within %.0fs; killing it", stage.name, grace_s)
+                stage.signal(signal.SIGKILL)
+            if stage.proc is not None:
+                try:
+                    stage.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def __enter__(self) -> LocalPipeline:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            p.name: {
+                "pid": p.proc.pid if p.proc else None,
+                "alive": p.alive,
+                "log": str(p.log_path),
+            }
+            for p in self.processes
+        }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

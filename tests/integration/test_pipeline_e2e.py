@@ -1,0 +1,88 @@
+"""The whole loop on the real broker, every stage its own process, CPU only:
+prompts → agent-loop worker → reward worker → replay stage → trainer → weights → replicas."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.data import arithmetic_rows
+from pipeline.launch import LocalPipeline
+from pipeline.producer import PromptProducer
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+STEPS = 3
+BATCH = 2  # groups per trainer step
+
+
+def pipeline_config(kafka_bootstrap: str, topics_prefix: str, model: Path, run_dir: Path, max_staleness: int):
+    return load_config(
+        None,
+        {
+            "kafka": {"bootstrap_servers": kafka_bootstrap},
+            "topics": {"prefix": topics_prefix},
+            "agent_loop": {
+                "group_id": f"{topics_prefix}agent-loop", "model": str(model), "n": 2,
+                "max_samples_in_flight": 8, "commit_interval_s": 0.5,
+                "sampling": {"max_tokens": 8, "temperature": 1.0},
+                "llm": {"health_interval_s": 1.0},
+                "admission": {"max_staleness": max_staleness, "train_batch_size": BATCH},
+            },
+            "reward": {"app_id": f"{topics_prefix}reward", "tokenizer": str(model),
+                       "data_dir": str(run_dir / "reward"), "batch_within_s": 0.1, "commit_interval_s": 0.5},
+            "replay": {"app_id": f"{topics_prefix}replay", "n": 2, "data_dir": str(run_dir / "replay"),
+                       "max_staleness": max_staleness, "batch_within_s": 0.1, "commit_interval_s": 0.5},
+            "trainer": {"model_dir": str(model), "checkpoint_dir": str(run_dir / "ckpt"),
+                        "group_id": f"{topics_prefix}trainer", "train_batch_size": BATCH,
+                        "sync_every": 1, "max_steps": STEPS, "max_staleness": max_staleness,
+                        "torch_threads": 1, "lr": 1e-3},
+        },
+    )  # fmt: skip
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_the_loop_trains_and_weights_flow_back(kafka_config, kafka_bootstrap, topics_config, tiny_model, tmp_path, max_staleness) -> None:
+    cfg = pipeline_config(kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, max_staleness)
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        producer.produce_rows(arithmetic_rows(24, seed=max_staleness), uid_prefix=f"e2e{max_staleness}")
+
+    steps: list[dict] = []
+    metrics = tmp_path / "ckpt" / "metrics.jsonl"
+    with LocalPipeline(cfg, tmp_path / "run", model_dir=str(tiny_model), replicas=2) as pipe:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            if pipe.process("train").proc.poll() is not None:
+                break
+            pipe.check()
+            time.sleep(1.0)
+        train = pipe.process("train")
+        assert train.proc.poll() == 0, train.tail()
+        steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("event") == "step"]
+        # The replicas loaded every published version while generation went on.
+        for _ in range(30):
+            versions = [health(url)["version"] for url in pipe.replica_urls]
+            if min(versions) >= STEPS:
+                break
+            time.sleep(1.0)
+        assert versions == [STEPS] * 2, versions
+
+    assert [s["step"] for s in steps][-STEPS:] == list(range(STEPS))
+    for step in steps:
+        seen = [int(k) for k in step["staleness_hist"]]
+        assert max(seen) <= max_staleness, step["staleness_hist"]
+        assert step["groups"] == BATCH and step["samples"] == 2 * BATCH
+    if max_staleness == 0:
+        for step in steps:
+            assert step["is_weight_mean"] == pytest.approx(1.0, abs=2e-3), step
+            assert step["is_weight_min"] > 0.98 and step["is_weight_max"] < 1.02
