@@ -21,7 +21,9 @@ STEPS = 3
 BATCH = 2  # groups per trainer step
 
 
-def pipeline_config(kafka_bootstrap: str, topics_prefix: str, model: Path, run_dir: Path, max_staleness: int):
+def pipeline_config(
+    kafka_bootstrap: str, topics_prefix: str, model: Path, run_dir: Path, max_staleness: int
+):
     return load_config(
         None,
         {
@@ -51,11 +53,17 @@ def health(url: str) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.mark.parametrize("max_staleness", [0, 2])
-def test_the_loop_trains_and_weights_flow_back(kafka_config, kafka_bootstrap, topics_config, tiny_model, tmp_path, max_staleness) -> None:
-    cfg = pipeline_config(kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, max_staleness)
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_the_loop_trains_and_weights_flow_back(
+    kafka_config, kafka_bootstrap, topics_config, tiny_model, tmp_path, max_staleness
+) -> None:
+    cfg = pipeline_config(
+        kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, max_staleness
+    )
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        producer.produce_rows(arithmetic_rows(24, seed=max_staleness), uid_prefix=f"e2e{max_staleness}")
+        producer.produce_rows(
+            arithmetic_rows(24, seed=max_staleness), uid_prefix=f"e2e{max_staleness}"
+        )
 
     steps: list[dict] = []
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
@@ -68,7 +76,9 @@ def test_the_loop_trains_and_weights_flow_back(kafka_config, kafka_bootstrap, to
             time.sleep(1.0)
         train = pipe.process("train")
         assert train.proc.poll() == 0, train.tail()
-        steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("event") == "step"]
+        steps = [
+            r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("event") == "step"
+        ]
         # The replicas loaded every published version while generation went on.
         for _ in range(30):
             versions = [health(url)["version"] for url in pipe.replica_urls]
@@ -77,7 +87,7 @@ def test_the_loop_trains_and_weights_flow_back(kafka_config, kafka_bootstrap, to
             time.sleep(1.0)
         assert versions == [STEPS] * 2, versions
 
-    assert [s["step"] for s in steps][-STEPS:] == list(range(STEPS))
+    assert [s["step"] for s in steps][-STEPS:] == list(range(1, STEPS + 1))
     for step in steps:
         seen = [int(k) for k in step["staleness_hist"]]
         assert max(seen) <= max_staleness, step["staleness_hist"]
