@@ -363,6 +363,21 @@ def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_async(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.async_speedup import run
+
+    result = run(
+        cfg.kafka,
+        steps=args.steps,
+        batch=args.batch,
+        n=args.n,
+        max_tokens=args.max_tokens,
+        model_dir=args.model,
+    )
+    _emit(result, args.json)
+    return 0
+
+
 def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.bench.agent_loop import run
 
@@ -527,7 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(handler=cmd_worker_agent_loop)
     reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
     reward.set_defaults(handler=cmd_worker_reward)
-    replay = wsub.add_parser("replay", help="rl.scored → groups, staleness, advantages → rl.replay.")
+    replay = wsub.add_parser(
+        "replay", help="rl.scored → groups, staleness, advantages → rl.replay."
+    )
     replay.set_defaults(handler=cmd_worker_replay)
 
     demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
@@ -570,6 +587,14 @@ def build_parser() -> argparse.ArgumentParser:
     reward_bench.add_argument("--tokenizer", help="Model/tokenizer directory (default: build one).")
     reward_bench.add_argument("--json", action="store_true")
     reward_bench.set_defaults(handler=cmd_bench_reward)
+    speedup = bsub.add_parser("async-speedup", help="max_staleness 0 vs 2, same steps, same run.")
+    speedup.add_argument("--steps", type=int, default=8)
+    speedup.add_argument("--batch", type=int, default=2, help="Groups per trainer step.")
+    speedup.add_argument("--n", type=int, default=4, help="Samples per prompt.")
+    speedup.add_argument("--max-tokens", type=int, default=48)
+    speedup.add_argument("--model", help="Model directory (default: build the tiny model).")
+    speedup.add_argument("--json", action="store_true")
+    speedup.set_defaults(handler=cmd_bench_async)
     agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
     agent_bench.add_argument("--prompts", type=int, default=48)
     agent_bench.add_argument("--rounds", type=int, default=2)
