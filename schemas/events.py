@@ -147,6 +147,7 @@ class TurnEvent(EventBase):
     reward_model: RewardModelSpec | None = None
     extra_info: dict[str, Any] | None = None
     agent_name: str | None = None
+    group_size: int | None = Field(default=None, ge=1, description="Samples of this prompt (n).")
     # Tool turns: what the tools returned besides tokens.
     tool_reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
@@ -190,6 +191,7 @@ class ScoredTrajectory(EventBase):
     reward_extra: dict[str, Any] = Field(default_factory=dict)
     tool_rewards: list[float] = Field(default_factory=list)
     turn_scores: list[float] = Field(default_factory=list)
+    group_size: int | None = Field(default=None, ge=1, description="Samples of this prompt (n).")
     extra_fields: ExtraFields
 
     @model_validator(mode="after")

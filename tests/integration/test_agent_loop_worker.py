@@ -68,6 +68,7 @@ async def test_every_sample_yields_one_complete_trajectory(
         assert [t.turn_index for t in traj] == list(range(len(traj)))
         first, last = traj[0], traj[-1]
         assert first.prompt_ids is not None and first.data_source == "openai/gsm8k"
+        assert first.group_size == (next(p for p in prompts if p.uid == uid).n or 2)
         assert last.final and all(not t.final for t in traj[:-1])
         response = np.concatenate([t.token_ids for t in traj])
         assert last.response_length == len(response)

@@ -23,8 +23,11 @@ Send = Callable[[TurnEvent], Awaitable["asyncio.Future[Any]"]]
 
 
 class TurnEmitter:
-    def __init__(self, send: Send, prompt: PromptEvent, sample_index: int, attempt_id: str) -> None:
+    def __init__(
+        self, send: Send, prompt: PromptEvent, sample_index: int, attempt_id: str, group_size: int
+    ) -> None:
         self._send = send
+        self.group_size = group_size
         self.prompt = prompt
         self.sample_index = sample_index
         self.attempt_id = attempt_id
@@ -72,6 +75,7 @@ class TurnEmitter:
             reward_model=prompt.reward_model if first else None,
             extra_info=prompt.extra_info if first else None,
             agent_name=prompt.agent_name if first else None,
+            group_size=self.group_size if first else None,
             final=output is not None,
             num_turns=output.num_turns if output is not None else None,
             response_length=len(output.response_ids) if output is not None else None,

@@ -261,7 +261,8 @@ class AgentLoopWorker:
         self._samples_in_flight += n
         try:
             results = await asyncio.gather(
-                *(self._run_sample(loop_cls, prompt, i) for i in range(n)), return_exceptions=True
+                *(self._run_sample(loop_cls, prompt, i, n) for i in range(n)),
+                return_exceptions=True,
             )
         finally:
             self._samples_in_flight -= n
@@ -269,9 +270,9 @@ class AgentLoopWorker:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _run_sample(self, loop_cls: type, prompt: PromptEvent, index: int) -> None:
+    async def _run_sample(self, loop_cls: type, prompt: PromptEvent, index: int, n: int) -> None:
         cfg = self.config
-        emitter = TurnEmitter(self._send_turn, prompt, index, uuid.uuid4().hex[:16])
+        emitter = TurnEmitter(self._send_turn, prompt, index, uuid.uuid4().hex[:16], n)
         context = AgentContext(
             llm=self.llm,
             tokenizer=self.tokenizer,

@@ -170,7 +170,9 @@ class GroupProcessor:
         uid, index = sample.uid, sample.sample_index
         state = self._open.get(uid) or self.table.load(uid)
         if state is None:
-            state = GroupState(uid=uid, partition=partition, first_seen=now, expected=self.config.n)
+            # The prompt's own n travels with its samples; config n for producers that omit it.
+            expected = sample.group_size or self.config.n
+            state = GroupState(uid=uid, partition=partition, first_seen=now, expected=expected)
         if state.unfinished:
             self._open[uid] = state
         if index in state.indices:

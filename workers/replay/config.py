@@ -1,10 +1,8 @@
 """`ReplayConfig`: everything the replay-buffer stage is configured by, and nothing else.
 
-Imports no faust (the CLI parses it before anything heavy loads). Group size: every prompt
-is expected to have `n` samples. `ScoredTrajectory` does not carry the prompt's own `n`, so a
-per-prompt `n` (`PromptEvent.n`) is not honoured here yet: a prompt rolled out more often
-completes its group at the first `n` distinct samples (the rest count as late), one rolled out
-less often waits for the timeout. Carrying `n` on the scored event would fix that.
+Imports no faust (the CLI parses it before anything heavy loads). Group size: a prompt's own
+`n` travels with its samples (`ScoredTrajectory.group_size`, set by the agent-loop worker from
+`PromptEvent.n` or its configured `n`); `n` here applies to samples that do not carry it.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ class ReplayConfig(BaseModel):
         description="faust app id: consumer group, changelog prefix, tick topic prefix.",
     )
     data_dir: str = Field(default="/tmp/rollout-replay", description="faust's data directory.")
-    n: int = Field(default=4, ge=1, le=1024, description="Samples per prompt (group size).")
+    n: int = Field(default=4, ge=1, le=1024, description="Group size of samples that carry none.")
     group_timeout_s: float = Field(
         default=600.0,
         gt=0,

@@ -233,6 +233,7 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
             for t in turns
             if isinstance(t.metrics.get("turn_score"), int | float)
         ],
+        "group_size": first.group_size,
         "extra_fields": ExtraFields(**extra),
     }
     return Assembled(
