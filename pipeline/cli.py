@@ -301,7 +301,7 @@ def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
-    run_demo(cfg, prompts=args.prompts)
+    run_demo(cfg, steps=args.steps, prompts=args.prompts)
     return 0
 
 
@@ -547,8 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.set_defaults(handler=cmd_worker_replay)
 
-    demo = sub.add_parser("demo", help="Run the pipeline end to end on a local broker.")
-    demo.add_argument("--prompts", type=int, default=64)
+    demo = sub.add_parser("demo", help="Train the tiny model with the whole pipeline, locally.")
+    demo.add_argument("--steps", type=int, default=None, help="Trainer steps (default: recipe).")
+    demo.add_argument(
+        "--prompts", type=int, default=None, help="Prompts to produce (default: enough for steps)."
+    )
     demo.set_defaults(handler=cmd_demo)
 
     bench = sub.add_parser("bench", help="Benchmarks; each prints one JSON object with --json.")

@@ -78,11 +78,6 @@ class RunConfig(BaseSettings):
     @model_validator(mode="after")
     def _stages_agree(self) -> RunConfig:
         """Settings that several stages must share, checked once for the whole run."""
-        if self.replay.n != self.agent_loop.n:
-            raise ValueError(
-                f"replay.n ({self.replay.n}) must equal agent_loop.n ({self.agent_loop.n}): "
-                "the replay stage waits for that many samples per prompt"
-            )
         gate = self.agent_loop.admission
         if gate.max_staleness is not None:
             if gate.train_batch_size != self.trainer.train_batch_size:

@@ -1,86 +1,325 @@
-"""`make demo` / `rollout demo`: the pipeline's path so far, end to end on a real broker.
+"""`make demo` / `rollout demo`: the whole pipeline learns arithmetic on a local broker.
 
-Starts the local broker when no bootstrap address is configured, creates the topics under a
-prefix of this run's own, generates an arithmetic dataset in gsm8k format, produces it to
-the prompts topic and reads it back. Everything it started is stopped at the end, also on
-Ctrl-C. The last line printed is the run's output directory.
+What it does, in order (each step's output lives under `reports/demo-<stamp>/`):
+
+1. Starts the local Kafka broker, unless `ROLLOUT_KAFKA__BOOTSTRAP_SERVERS` is set, and
+   creates the topics under a prefix of this run's own (`demo-<stamp>.`). While the broker
+   starts, it builds the tiny policy model and gives it the short supervised warm start of
+   `pipeline.demo_recipe` (the reward then starts well above 0 and well below 1).
+2. Produces a generated arithmetic dataset in gsm8k format (`#### answer`) to the prompts topic.
+3. Starts two `hf` replicas (each with its weight-sync controller), the agent-loop worker,
+   the reward worker, the replay stage and the trainer, every one its own process
+   (`pipeline.launch.LocalPipeline`), and shows one live line per stage (`pipeline.demo_view`).
+4. Stops when the trainer has made `steps` steps (`trainer.max_steps`), or at the deadline.
+5. Tears everything down — the stages, then the broker if the demo started it — also on
+   Ctrl-C or SIGTERM, and writes the report (`pipeline.demo_report`): `report.png`,
+   `metrics.csv`/`.json`, `summary.json`/`.txt`. It prints the reward over the first and
+   last 10% of steps, the summary, and the report directory as its very last line.
+
+The topics are kept (a local broker keeps them in its data directory), so the summary says
+how to replay any of them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import RunConfig, load_config
+from pipeline.demo_recipe import DemoRecipe
 
-__all__ = ["run_demo"]
+__all__ = ["demo_config", "run_demo"]
+
+log = logging.getLogger("rollout.demo")
+
+MAX_STALENESS = 2
+DEADLINE_S = 540.0  # stop training in time for teardown and the report within 10 minutes
 
 
-def run_demo(cfg: RunConfig, *, prompts: int = 64, out_root: str = "reports") -> Path:
-    from pipeline.data import arithmetic_rows, write_rows
-    from pipeline.kafka_local import start_broker, stop_broker
-    from pipeline.producer import PromptProducer
-    from pipeline.topics import create_topics, delete_topics
-    from workers.kafka.stream import EventStream
+def demo_config(
+    cfg: RunConfig, *, prefix: str, model_dir: Path, run_dir: Path, recipe: DemoRecipe
+) -> RunConfig:
+    """`cfg` (Kafka settings kept) with every stage configured for the demo's recipe."""
+    data = cfg.model_dump()
+    updates: dict[str, dict[str, Any]] = {
+        "topics": {"prefix": prefix},
+        "agent_loop": {
+            "group_id": f"{prefix}agent-loop", "model": str(model_dir), "n": recipe.n,
+            "max_samples_in_flight": 64, "commit_interval_s": 0.5,
+            "sampling": {"max_tokens": recipe.max_tokens, "temperature": 1.0},
+            "llm": {"health_interval_s": 1.0},
+            "admission": {"max_staleness": MAX_STALENESS, "train_batch_size": recipe.train_batch_size},
+        },
+        "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model_dir),
+                   "data_dir": str(run_dir / "reward"), "batch_within_s": 0.1,
+                   "commit_interval_s": 0.5},
+        "replay": {"app_id": f"{prefix}replay", "n": recipe.n, "data_dir": str(run_dir / "replay"),
+                   "max_staleness": MAX_STALENESS, "batch_within_s": 0.1, "commit_interval_s": 0.5},
+        "trainer": {"model_dir": str(model_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
+                    "group_id": f"{prefix}trainer", "train_batch_size": recipe.train_batch_size,
+                    "micro_batch_size": recipe.train_batch_size * recipe.n, "sync_every": 1,
+                    "max_steps": recipe.steps, "max_staleness": MAX_STALENESS,
+                    "torch_threads": 1, "lr": recipe.lr},
+    }  # fmt: skip
+    for section, values in updates.items():
+        data[section] = _merge(data.get(section, {}), values)
+    return RunConfig(**data)
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(out_root) / f"demo-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    started_port = None
-    if "ROLLOUT_KAFKA__BOOTSTRAP_SERVERS" not in os.environ:
-        state = start_broker(
-            cfg.local_kafka.port, cfg.local_kafka.data_dir, heap=cfg.local_kafka.heap
-        )
-        if not state.reused:
-            started_port = state.port
-        cfg = cfg.model_copy(
-            update={"kafka": cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})}
-        )
-    topics = cfg.topics.model_copy(update={"prefix": f"demo-{stamp}."})
-    try:
-        created = create_topics(cfg.kafka, topics)
-        print(f"topics: {', '.join(created)}")
-        dataset = write_rows(arithmetic_rows(prompts, seed=0), out / "prompts.jsonl")
-        with PromptProducer(cfg.kafka, topics) as producer:
-            report = producer.produce_file(dataset, progress=True)
-        print(report.summary())
-        seen: dict[str, object] = {}
-        deadline = time.monotonic() + 60
-        with EventStream(
-            cfg.kafka,
-            [topics.name("prompts")],
-            group_id=None,
-            stage="demo",
-            dlq_topic=topics.name("dlq"),
-        ) as stream:
-            while len(seen) < report.sent and time.monotonic() < deadline:
-                for item in stream.poll(timeout_ms=500):
-                    seen[item.event.uid] = item.event
-        print(f"consumed back {len(seen)}/{report.sent} prompts from {topics.name('prompts')}")
-        sample = next(iter(seen.values()), None)
-        if sample is not None:
-            print(f"example: {sample.model_dump_json()[:200]}…")
-        (out / "summary.txt").write_text(
-            f"produced {report.sent} prompts to {topics.name('prompts')} on {cfg.kafka.bootstrap}\n"
-            f"consumed back {len(seen)}\n"
-            f"replay: rollout --bootstrap {cfg.kafka.bootstrap} --set topics.prefix={topics.prefix} "
-            "consume --topic prompts\n"
-        )
-        if started_port is None:
-            delete_topics(cfg.kafka, topics)
-        if len(seen) != report.sent:
-            raise SystemExit(f"demo failed: consumed {len(seen)} of {report.sent}")
-    finally:
-        if started_port is not None:
-            stop_broker(started_port)
-            print(f"stopped the local broker on port {started_port}")
-    print(out.resolve())
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
     return out
 
 
+def _prepare_model(
+    model_dir: Path, recipe: DemoRecipe, done: dict[str, Any], cancel: threading.Event
+) -> None:
+    """Init + warm start (run in a thread while the broker starts); result or error in `done`."""
+    try:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from pipeline.data import arithmetic_rows
+        from pipeline.demo_recipe import warm_start
+        from workers.llm.model_init import init_model
+
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(1)
+        torch.manual_seed(recipe.seed)
+        init_model(model_dir, recipe.preset, recipe.seed)
+        rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
+        done["warm_start_s"] = warm_start(
+            model_dir, rows, steps=recipe.sft_steps, batch_size=recipe.sft_batch,
+            lr=recipe.sft_lr, format_frac=recipe.sft_format_frac, seed=recipe.seed, cancel=cancel,
+        )  # fmt: skip
+    except BaseException as exc:  # handed to the main thread, which re-raises it
+        done["error"] = exc
+
+
+class _Deferred:
+    """Hold Ctrl-C / SIGTERM back while the block runs; raise KeyboardInterrupt after it."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self) -> _Deferred:
+        self.caught: int | None = None
+        self.saved = {
+            sig: signal.signal(sig, self._hold)
+            for sig in self.SIGNALS
+            if signal.getsignal(sig) is not signal.SIG_IGN  # ignored stays ignored
+        }
+        return self
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.caught = signum
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        if self.caught is not None and exc_type is None:
+            raise KeyboardInterrupt(f"signal {self.caught}")
+
+
+def _sigterm_as_interrupt() -> Any:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def run_demo(
+    cfg: RunConfig,
+    *,
+    steps: int | None = None,
+    prompts: int | None = None,
+    out_root: str = "reports",
+    recipe: DemoRecipe | None = None,
+) -> Path:
+    """Run the demo of the module docstring; returns the report directory."""
+    from rich.console import Console
+
+    from pipeline.kafka_local import start_broker, stop_broker
+    from pipeline.topics import create_topics
+
+    recipe = recipe or DemoRecipe()
+    if steps is not None:
+        recipe = DemoRecipe(**{**recipe.__dict__, "steps": steps})
+    console = Console(stderr=True)
+    started = time.monotonic()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(out_root).resolve() / f"demo-{stamp}"
+    run_dir, model_dir = out / "run", out / "run" / "model"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"demo-{stamp}."
+    previous_handler = _sigterm_as_interrupt()
+    started_port: int | None = None
+    broker_note = ""
+    prepared: dict[str, Any] = {}
+    cancel = threading.Event()
+    worker: threading.Thread | None = None
+    try:
+        worker = threading.Thread(
+            target=_prepare_model, args=(model_dir, recipe, prepared, cancel), daemon=True
+        )
+        worker.start()
+        state = None
+        if "ROLLOUT_KAFKA__BOOTSTRAP_SERVERS" not in os.environ:
+            # An interrupt inside start_broker would leave a JVM running that nobody stops:
+            # hold it back until the broker's port is known, so `finally` can stop it.
+            with _Deferred():
+                local = cfg.local_kafka
+                state = start_broker(local.port, local.data_dir, heap=local.heap, quiet=True)
+                if not state.reused:
+                    started_port = state.port
+        if state is not None:
+            if state.data_dir:
+                broker_note = f"local broker data: {state.data_dir} (start it again: rollout kafka up --port {state.port} --data-dir {state.data_dir})"  # fmt: skip
+            kafka = cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})
+            cfg = cfg.model_copy(update={"kafka": kafka})
+        console.print(f"Kafka at {cfg.kafka.bootstrap} ({time.monotonic() - started:.0f}s)")
+        worker.join()
+        if "error" in prepared:
+            raise prepared["error"]
+        console.print(
+            f"model {recipe.preset} + warm start ({recipe.sft_steps} SFT steps, "
+            f"{prepared['warm_start_s']:.0f}s) in {model_dir}"
+        )
+        cfg = demo_config(cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe)
+        created = create_topics(cfg.kafka, cfg.topics)
+        console.print(f"topics: {', '.join(created)}")
+        sent = _produce(cfg, out, recipe, prompts)
+        console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
+        steps_done, launched = _train(cfg, run_dir, model_dir, recipe, console, started)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        if worker is not None and worker.is_alive():
+            cancel.set()  # torch must not be mid-step when the interpreter exits
+            worker.join(timeout=30)
+        if started_port is not None:
+            stop_broker(started_port)
+            console.print(f"stopped the local broker on port {started_port}")
+    wall_s = time.monotonic() - started
+    _report(out, cfg, steps_done, wall_s, broker_note, launched)
+    print(out)
+    return out
+
+
+def _produce(cfg: RunConfig, out: Path, recipe: DemoRecipe, prompts: int | None) -> int:
+    """The dataset (jsonl next to the report) → the prompts topic; returns how many."""
+    from pipeline.data import arithmetic_rows, write_rows
+    from pipeline.producer import PromptProducer
+
+    # Enough for every step, plus what the admission gate lets run ahead of the trainer.
+    count = prompts or (recipe.steps + MAX_STALENESS + 3) * recipe.train_batch_size
+    rows = arithmetic_rows(count, seed=recipe.seed + 1, max_operand=recipe.max_operand)
+    dataset = write_rows(rows, out / "prompts.jsonl")
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        report = producer.produce_file(dataset)
+    return report.sent
+
+
+def _train(
+    cfg: RunConfig,
+    run_dir: Path,
+    model_dir: Path,
+    recipe: DemoRecipe,
+    console: Any,
+    started: float,
+) -> tuple[list[dict[str, Any]], float]:
+    """Every stage as a process, the live view until the trainer is done.
+
+    Returns the trainer's step records and the (epoch) time the stages were launched.
+    """
+    from rich.live import Live
+
+    from pipeline.demo_view import Progress, StageSpec, render
+    from pipeline.launch import LocalPipeline
+
+    t = cfg.topics.name
+    specs = [
+        StageSpec("agent-loop", cfg.agent_loop.group_id, t("prompts"), (t("turns"),)),
+        StageSpec("reward", cfg.reward.app_id, t("turns"), (t("scored"),)),
+        StageSpec("replay", cfg.replay.app_id, t("scored"), (t("replay"), t("stale")), recipe.n),
+        StageSpec("trainer", cfg.trainer.group_id, t("replay"), (t("policy"),)),
+    ]
+    metrics = Path(cfg.trainer.metrics_path)
+    launched = time.time()
+    with LocalPipeline(cfg, run_dir, model_dir=str(model_dir), replicas=2) as pipe:
+        progress = Progress(cfg.kafka, specs, pipe.replica_urls, metrics)
+        trainer = pipe.process("train")
+        try:
+            with Live(console=console, refresh_per_second=2, transient=False) as live:
+                while trainer.alive and time.monotonic() - started < DEADLINE_S:
+                    for stage in pipe.processes:
+                        if stage is not trainer and not stage.alive:
+                            pipe.check()
+                    snap = progress.poll()
+                    elapsed = time.monotonic() - started
+                    live.update(render(snap, max_steps=recipe.steps, elapsed_s=elapsed,
+                                       title=f"rollout demo {cfg.topics.prefix}"))  # fmt: skip
+                    time.sleep(1.0)
+                snap = progress.poll()
+                live.update(render(snap, max_steps=recipe.steps,
+                                   elapsed_s=time.monotonic() - started,
+                                   title=f"rollout demo {cfg.topics.prefix}"))  # fmt: skip
+            if trainer.alive:
+                console.print(f"deadline reached after {snap.step} steps; stopping")
+            elif trainer.proc is not None and trainer.proc.returncode != 0:
+                raise RuntimeError(
+                    f"trainer exited with {trainer.proc.returncode}:\n{trainer.tail()}"
+                )
+        finally:
+            progress.close()
+            console.print("\nstopping the stages…")
+    from workers.trainer.metrics import effective_steps
+
+    steps = list(effective_steps(metrics).values()) if metrics.exists() else []
+    return steps, launched
+
+
+def _report(
+    out: Path,
+    cfg: RunConfig,
+    steps: list[dict[str, Any]],
+    wall_s: float,
+    broker_note: str,
+    launched: float,
+) -> None:
+    from pipeline.demo_report import write_report
+
+    bootstrap, prefix = cfg.kafka.bootstrap, cfg.topics.prefix
+    info = {
+        "bootstrap": bootstrap,
+        "topics_prefix": prefix,
+        "topics": cfg.topics.all_names(),
+        "run_dir": str(out / "run"),
+        "replay": [
+            f"rollout --bootstrap {bootstrap} --set topics.prefix={prefix} consume --topic {role}"
+            for role in ("prompts", "turns", "scored", "replay", "policy")
+        ],
+        "notes": [n for n in (broker_note,) if n]
+        + [f"stage logs: {out / 'run' / 'logs'}, step log: {cfg.trainer.metrics_path}"],
+    }
+    summary = write_report(out, steps, wall_s=wall_s, info=info, started_at=launched)
+    print(f"reward_first_10pct {summary['reward_first_10pct']:.3f}")
+    print(f"reward_last_10pct {summary['reward_last_10pct']:.3f}")
+    print((out / "summary.txt").read_text(), end="")
+
+
 def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # retries on fresh topics are routine
     try:
         run_demo(load_config())
     except KeyboardInterrupt:

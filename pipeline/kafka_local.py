@@ -278,23 +278,35 @@ def start_broker(
         start_new_session=True,
     )
     logfile.close()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (data / "server.log").read_text(errors="replace")[-3000:]
-            raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
-        if _port_open(host, port) and _metadata_ok(bootstrap, **probe):
-            state = BrokerState(
-                proc.pid, port, controller_port, str(data), bootstrap, time.time(), secure=secure
-            )
-            state.save()
-            if setup is not None and formatted and setup.added_users:
-                _secure_users(str(data), bootstrap, setup.added_users)
-            if not quiet:
-                print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
-                      f"(pid {proc.pid}, data {data})", file=sys.stderr)  # fmt: skip
-            return state
-        time.sleep(0.2)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = (data / "server.log").read_text(errors="replace")[-3000:]
+                raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
+            if _port_open(host, port) and _metadata_ok(bootstrap, **probe):
+                state = BrokerState(
+                    proc.pid,
+                    port,
+                    controller_port,
+                    str(data),
+                    bootstrap,
+                    time.time(),
+                    secure=secure,
+                )
+                state.save()
+                if setup is not None and formatted and setup.added_users:
+                    _secure_users(str(data), bootstrap, setup.added_users)
+                if not quiet:
+                    print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
+                          f"(pid {proc.pid}, data {data})", file=sys.stderr)  # fmt: skip
+                return state
+            time.sleep(0.2)
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed while waiting: never leave a broker nobody tracks.
+        proc.kill()
+        proc.wait()
+        raise
     proc.kill()
     raise KafkaUnavailableError(
         f"the broker did not answer within {timeout_s:.0f}s; see {data / 'server.log'}"

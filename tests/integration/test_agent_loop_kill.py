@@ -54,7 +54,7 @@ def test_kill_9_mid_run_loses_nothing(
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     done_before = len(finals_by_sample(turns))
-    assert 6 <= done_before < len(expected), "the kill must land mid-run"
+    assert 6 <= done_before < len(expected), f"the kill must land mid-run\n{log.read_text()[-3000:]}"
 
     second = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
     try:

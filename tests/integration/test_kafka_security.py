@@ -142,8 +142,11 @@ def test_clients_without_valid_credentials_are_refused(
         "wrong-password": alice.model_copy(update={"sasl_password": SecretStr("not-it")}),
     }[how]
     caplog.set_level(logging.WARNING, logger="kafka")
+    # A wrong password fails at the SASL step, which a loaded machine can take seconds to
+    # reach (TLS + SCRAM): give it time, so the failure seen is the refusal, not a timeout.
+    timeout_ms = 20_000 if how == "wrong-password" else 3000
     with pytest.raises(KafkaUnavailableError):
-        admin = make_admin(config, bootstrap_timeout_ms=3000, request_timeout_ms=3000)
+        admin = make_admin(config, bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms)
         admin.close()
     if how == "wrong-password":
         assert "SaslAuthenticationFailedError" in caplog.text

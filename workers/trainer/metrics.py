@@ -2,8 +2,9 @@
 
 Records (`event` field):
 - `start`: a trainer process began at `version` (0, or the checkpoint it resumed from);
-- `step`: one optimiser step, `step` = the version it produced, with the metrics and the
-  `trajectory_ids` / `uids` it trained on;
+- `step`: one optimiser step, `step` = the version it produced, with the metrics (among
+  them `reward_mean`, the mean score of the samples trained) and the `trajectory_ids` /
+  `uids` it trained on;
 - `checkpoint`: `version` was checkpointed at `path` and published.
 
 Reading back (`effective_steps`): a step is reflected in the final weights only if no later

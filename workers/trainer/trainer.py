@@ -269,6 +269,7 @@ class Trainer:
         st = self.state
         st.version = version + 1
         drops = [e for e in pending.entries if e.kind != "train"]
+        scores = [s.reward_score for g in groups for s in g.samples]
         apply_entries(st, pending.entries, self.consumer.positions())
         self.recent.add(e.key for e in pending.entries)
         record = {
@@ -280,6 +281,7 @@ class Trainer:
             **metrics,
             "groups": len(groups),
             "samples": len(batch),
+            "reward_mean": sum(scores) / len(scores),
             "stale_dropped": sum(e.kind == "stale" for e in drops),
             "duplicates_skipped": sum(e.kind == "duplicate" for e in drops),
             "staleness_hist": staleness_histogram(version - g.min_global_steps for g in groups),

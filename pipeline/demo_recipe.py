@@ -1,0 +1,290 @@
+"""The demo's learning recipe: task, supervised warm start, and an offline check that RL learns.
+
+The demo has to show RL raising a reward on 2 CPU cores in a few minutes, so the recipe is
+chosen here, offline and in one process, before anything touches Kafka:
+
+- Task: `arithmetic_rows(max_operand=3)` (a + b, a − b, a × b with a, b ≤ 3: 48 problems,
+  answers −3…9), the gsm8k format (`#### answer`), scored by the strict gsm8k rule. The tiny
+  model learns this table in ~200 SFT steps at lr 3e-3 (it does not, in that time, for
+  operands up to 5 or 9).
+- Warm start (`warm_start`): ~10-25 s of supervised fine-tuning of the freshly initialised
+  tiny model, cross-entropy on the response tokens only, on targets of two styles: 30% end
+  in `#### n<|im_end|>` (what the strict scorer pays for), 70% in `The answer is n.` (which
+  it does not). Sampled at temperature 1, the reward then starts near 0.1: not 0, not 1,
+  and GRPO groups have variance. RL first learns the paid format (a choice shared by every
+  prompt, so it is learned in tens of steps), then sharpens the answers. The result is
+  saved like `init_model`'s output (`save_pretrained` + tokenizer), so replicas and trainer
+  load it unchanged.
+- RL: GRPO, n = 8 samples per prompt, 8 groups per step, lr 1e-3, responses ≤ 8 tokens.
+  `offline_grpo` runs it in one process (generation directly in torch, the trainer's
+  `train_step` with the project's PPO loss). Measured offline, 40 steps: reward over the
+  first/last 10% of steps 0.09 → 0.49 (seed 0), 0.20 → 0.58 (seed 1); lr 3e-3 collapses.
+  Through the whole pipeline (staleness ≤ 2), 60 steps: 0.08-0.14 → 0.41-0.56.
+
+`python -m pipeline.demo_recipe` runs the whole recipe and prints the reward curve.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DemoRecipe", "evaluate", "offline_grpo", "warm_start"]
+
+log = logging.getLogger("rollout.demo")
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """The numbers the demo runs with (measured by `python -m pipeline.demo_recipe`).
+
+    `sft_*`: the warm start (steps, batch of prompts, lr, share of strict-format targets);
+    `n`, `train_batch_size` (groups per step), `lr`, `max_tokens`, `steps`: the RL run.
+    """
+
+    preset: str = "tiny"
+    seed: int = 0
+    max_operand: int = 3
+    sft_steps: int = 200
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    sft_format_frac: float = 0.3
+    n: int = 8
+    train_batch_size: int = 8
+    lr: float = 1e-3
+    max_tokens: int = 8
+    steps: int = 60
+
+
+def _prompt_ids(tokenizer: Any, row: dict[str, Any]) -> list[int]:
+    ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _answer_ids(tokenizer: Any, answer: str, *, strict: bool = True) -> list[int]:
+    text = f"#### {answer}" if strict else f"The answer is {answer}."
+    return [*tokenizer(text)["input_ids"], tokenizer.eos_token_id]
+
+
+def _batch(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    advantages: list[float],
+    pad: int,
+) -> Any:
+    """A `TrajectoryBatch` (trainer layout: left-padded prompts, right-padded responses)."""
+    import torch
+
+    from workers.trainer.batching import TrajectoryBatch
+
+    b, p = len(prompts), max(map(len, prompts))
+    r = max(max(map(len, responses)), 1)
+    input_ids = torch.full((b, p + r), pad, dtype=torch.long)
+    attention = torch.zeros((b, p + r), dtype=torch.long)
+    mask = torch.zeros((b, r))
+    for i, (pr, rs) in enumerate(zip(prompts, responses, strict=True)):
+        input_ids[i, p - len(pr) : p] = torch.tensor(pr)
+        input_ids[i, p : p + len(rs)] = torch.tensor(rs, dtype=torch.long)
+        attention[i, p - len(pr) : p + len(rs)] = 1
+        mask[i, : len(rs)] = 1
+    adv = torch.tensor(advantages).unsqueeze(-1) * mask
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(dim=1) - 1).clamp(min=0),
+        "responses": input_ids[:, p:],
+        "response_mask": mask,
+        "advantages": adv,
+        "old_logprobs": torch.zeros((b, r)),
+    }
+    ids = [str(i) for i in range(b)]
+    return TrajectoryBatch(tensors, ids, ids, [0] * b, [0] * b, p)
+
+
+def warm_start(
+    model_dir: str | Path,
+    rows: list[dict[str, Any]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    format_frac: float = 1.0,
+    seed: int = 0,
+    cancel: threading.Event | None = None,
+) -> float:
+    """Supervised fine-tuning of `model_dir` in place on `rows`; returns the seconds it took.
+
+    `format_frac`: the share of targets in the strict `#### n` format (the rest say
+    `The answer is n.`, which the strict scorer rejects). `cancel` set: stop, save nothing.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.trainer.step import response_log_probs
+
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    rng = random.Random(seed)
+    pairs = [
+        (
+            _prompt_ids(tokenizer, r),
+            _answer_ids(
+                tokenizer, r["reward_model"]["ground_truth"], strict=rng.random() < format_frac
+            ),
+        )
+        for r in rows
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        if cancel is not None and cancel.is_set():
+            raise InterruptedError("warm start cancelled")
+        chosen = rng.sample(pairs, min(batch_size, len(pairs)))
+        batch = _batch([p for p, _ in chosen], [a for _, a in chosen], [0.0] * len(chosen), 0)
+        logp, _ = response_log_probs(model, batch)
+        mask = batch["response_mask"]
+        loss = -(logp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 20 == 0 or step == steps - 1:
+            log.info("warm start step %d/%d: loss %.3f", step + 1, steps, loss.item())
+    model.eval()
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    return time.monotonic() - started
+
+
+def _generate(
+    model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int
+) -> tuple[list[list[int]], list[str]]:
+    """Sample at temperature 1 (no top-k/top-p, as the replicas); responses end at eos."""
+    import torch
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    b, p = len(prompts), max(map(len, prompts))
+    ids = torch.full((b, p), pad, dtype=torch.long)
+    attention = torch.zeros((b, p), dtype=torch.long)
+    for i, pr in enumerate(prompts):
+        ids[i, p - len(pr) :] = torch.tensor(pr)
+        attention[i, p - len(pr) :] = 1
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    responses = []
+    for row in out[:, p:].tolist():
+        cut = row.index(eos) + 1 if eos in row else len(row)
+        responses.append(row[:cut])
+    return responses, [tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+
+
+def evaluate(
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, samples: int = 4, max_tokens: int = 8
+) -> float:
+    """Mean strict gsm8k reward of `samples` answers per row at temperature 1."""
+    from workers.reward.scorers.gsm8k import gsm8k_score
+
+    prompts = [_prompt_ids(tokenizer, r) for r in rows for _ in range(samples)]
+    truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(samples)]
+    _, texts = _generate(model, tokenizer, prompts, max_tokens)
+    scores = [gsm8k_score(t, g) for t, g in zip(texts, truths, strict=True)]
+    return sum(scores) / len(scores)
+
+
+def offline_grpo(
+    model_dir: str | Path, rows: list[dict[str, Any]], recipe: DemoRecipe
+) -> list[float]:
+    """GRPO in one process with the trainer's `train_step`; returns the batch reward per step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.replay.groups import group_advantages
+    from workers.reward.scorers.gsm8k import gsm8k_score
+    from workers.trainer.config import TrainerConfig
+    from workers.trainer.step import response_log_probs, train_step
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = TrainerConfig(
+        lr=recipe.lr, micro_batch_size=64, train_batch_size=recipe.train_batch_size
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas)
+    rng = random.Random(recipe.seed + 1)
+    rewards: list[float] = []
+    for step in range(recipe.steps):
+        chosen = rng.sample(rows, recipe.train_batch_size)
+        prompts = [_prompt_ids(tokenizer, r) for r in chosen for _ in range(recipe.n)]
+        truths = [r["reward_model"]["ground_truth"] for r in chosen for _ in range(recipe.n)]
+        model.eval()
+        responses, texts = _generate(model, tokenizer, prompts, recipe.max_tokens)
+        scores = [gsm8k_score(t, g) for t, g in zip(texts, truths, strict=True)]
+        advantages: list[float] = []
+        for g in range(recipe.train_batch_size):
+            advantages += group_advantages(scores[g * recipe.n : (g + 1) * recipe.n])
+        batch = _batch(prompts, responses, advantages, tokenizer.pad_token_id)
+        with torch.no_grad():
+            batch.tensors["old_logprobs"], _ = response_log_probs(model, batch)
+        train_step(model, optimizer, batch, config)
+        rewards.append(sum(scores) / len(scores))
+        log.info("grpo step %d: reward %.3f", step + 1, rewards[-1])
+    return rewards
+
+
+def main() -> None:
+    """Run the recipe offline: init, warm start, evaluate, GRPO; print the numbers."""
+    import argparse
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.data import arithmetic_rows
+    from workers.llm.model_init import init_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, value in DemoRecipe().__dict__.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    threads = args.__dict__.pop("threads")
+    recipe = DemoRecipe(**args.__dict__)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(threads)
+    torch.manual_seed(recipe.seed)
+    rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = init_model(Path(tmp) / "model", recipe.preset, recipe.seed)
+        sft_s = warm_start(model_dir, rows, steps=recipe.sft_steps, batch_size=recipe.sft_batch,
+                           lr=recipe.sft_lr, format_frac=recipe.sft_format_frac, seed=recipe.seed)  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        start = evaluate(model, tokenizer, rows[:64])
+        print(f"warm start {sft_s:.1f}s: reward {start:.3f}")
+        started = time.monotonic()
+        rewards = offline_grpo(model_dir, rows, recipe)
+    k = max(1, len(rewards) // 10)
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    print(f"grpo {len(rewards)} steps in {time.monotonic() - started:.1f}s")
+    print("rewards: " + " ".join(f"{r:.2f}" for r in rewards))
+    print(f"first 10%: {first:.3f}  last 10%: {last:.3f}  gain {last - first:+.3f}")
+
+
+if __name__ == "__main__":
+    main()
