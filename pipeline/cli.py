@@ -235,6 +235,10 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     import asyncio
     import signal
 
+    # A SIGTERM that arrives while the worker is still importing or connecting is a request
+    # to stop, honoured gracefully once it runs (exit 0), not a crash.
+    early_stop = _stop_event_on_signals()
+
     from workers.agent_loop.worker import AgentLoopWorker
 
     worker_cfg = cfg.agent_loop
@@ -250,6 +254,8 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
+        if early_stop.is_set():
+            worker.stop()
         await worker.run()
 
     asyncio.run(main())
