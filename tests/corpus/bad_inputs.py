@@ -228,41 +228,6 @@ def replica_script(prompt_text: str) -> str:
 
 # --- the cases -----------------------------------------------------------------------
 
-_NO_TOOL_TIMEOUT = (
-    "no per-call tool timeout: ToolAgentLoop._call_tool (workers/agent_loop/tool_agent.py) "
-    "awaits tool.execute() without asyncio.wait_for and FunctionTool.execute "
-    "(workers/agent_loop/tools/function.py) runs sync functions in asyncio.to_thread with no "
-    "limit, so a hanging function tool stalls its trajectory for as long as it hangs (forever "
-    "if it never returns); only the code interpreter has a wall-time limit"
-)
-_TOOL_BUG_SILENT = (
-    "a BaseTool raising a non-ToolError exception escapes AgentLoopWorker._process "
-    "(workers/agent_loop/worker.py), which catches only DecodeError/AgentLoopError/"
-    "BadRequestError and RolloutError: no dead letter, no turns, tracker.finish() is never "
-    "called so the partition's committed offset stalls there for good, and the error only "
-    "surfaces as asyncio's 'Task exception was never retrieved'"
-)
-_PROMPT_KEY = (
-    "AgentLoopWorker._process (workers/agent_loop/worker.py) never compares the record key "
-    "with PromptEvent.uid; the replay stage does (workers/replay/batch.py, cause key_mismatch)"
-)
-_TURN_KEY = (
-    "RewardStage.process (workers/reward/app.py) keys the table by turn.trajectory_id and never "
-    "compares it with the record key, so a mis-keyed turn lands on another partition than the "
-    "rest of its trajectory (with several workers the trajectory never completes) and its "
-    "changelog write goes to the wrong partition; the replay stage checks (cause key_mismatch)"
-)
-_GROUP_KEY = (
-    "TrajectoryConsumer._fill (workers/trainer/consumer.py) never compares the record key with "
-    "TrainingGroup.uid (the replay stage does for rl.scored, cause key_mismatch)"
-)
-_NAN_SCORE = (
-    "normalise_result (workers/reward/dispatch.py) accepts a NaN (or inf) reward; the stage "
-    "emits ScoredTrajectory(reward_score=nan), which orjson encodes as reward_score null, so "
-    "rl.scored receives an event no consumer can decode (the replay stage dead-letters it as "
-    "'validation' far from its cause) instead of a tagged failure score"
-)
-
 
 def _al(id: str, what: str, build: Build, expect: Expect, bug: str | None = None) -> Case:
     return Case(id, "agent-loop", what, build, expect, bug=bug)
@@ -364,7 +329,7 @@ def _agent_loop_cases() -> list[Case]:
             _dlq("tool_config", "teleport")),
         _al("al-key-mismatch", "record key is not the prompt's uid",
             lambda t: _event(p("al-key-mismatch"), "wrong-key-al"),
-            _dlq("key_mismatch"), bug=_PROMPT_KEY),
+            _dlq("key_mismatch")),
     ]  # fmt: skip
     tool = [
         ("tool-bad-json", "a tool call with invalid JSON", ["calculator"],
@@ -388,7 +353,7 @@ def _agent_loop_cases() -> list[Case]:
         ("tool-bug", "a BaseTool raising RuntimeError (a bug in the tool)", ["corpus_broken"],
          _dlq("agent_loop", "RuntimeError")),
     ]  # fmt: skip
-    bugs = {"tool-sleeps": _NO_TOOL_TIMEOUT, "tool-bug": _TOOL_BUG_SILENT}
+    bugs: dict[str, str] = {}
     for id, what, tools, expect in tool:
         cases.append(_al(id, what, lambda t, i=id, s=tools: _event(tool_prompt(i, s)), expect,
                          bug=bugs.get(id)))  # fmt: skip
@@ -452,7 +417,7 @@ def _reward_cases() -> list[Case]:
             _dlq("incomplete_turn0", "no prompt_ids")),
         _rw("rw-key-mismatch", "rule", "record key is not the trajectory id",
             lambda k: _event(t(k, "rw-key-mismatch"), "wrong-key-rw/0"),
-            _dlq("key_mismatch"), bug=_TURN_KEY),
+            _dlq("key_mismatch")),
         _rw("rw-unknown-data-source", "rule", "data_source nobody scores",
             lambda k: _event(t(k, "rw-unknown-data-source", data_source="no/such-set")),
             _dlq("unknown_data_source", "no/such-set")),
@@ -482,7 +447,7 @@ def _reward_cases() -> list[Case]:
             Expect("failure_score", "scorer_timeout", "exceeded")),
         _rw("rw-score-nan", "thread", "custom reward returns NaN (thread), on_failure=score",
             lambda k: _event(t(k, "rw-score-nan", truth="NAN")),
-            Expect("failure_score", "scorer_error"), bug=_NAN_SCORE),
+            Expect("failure_score", "scorer_error")),
     ]  # fmt: skip
 
 
@@ -566,7 +531,7 @@ def _trainer_cases() -> list[Case]:
             _dlq("validation", "must belong to the group's uid")),
         _tr("tr-key-mismatch", "record key is not the group's uid",
             lambda k: _event(g("tr-key-mismatch"), "wrong-key-tr"),
-            _dlq("key_mismatch"), bug=_GROUP_KEY),
+            _dlq("key_mismatch")),
     ]  # fmt: skip
 
 

@@ -228,7 +228,7 @@ async def _run_agent_loop(kafka: KafkaConfig, topics: TopicsConfig, model: Path,
     from transformers import AutoTokenizer
 
     from tests.integration.agent_helpers import ScriptedReplica
-    from workers.agent_loop.config import AgentLoopWorkerConfig
+    from workers.agent_loop.config import AgentLoopConfig, AgentLoopWorkerConfig
     from workers.agent_loop.tools import load_tools
     from workers.agent_loop.worker import AgentLoopWorker
     from workers.llm.contract import SamplingParams
@@ -238,7 +238,9 @@ async def _run_agent_loop(kafka: KafkaConfig, topics: TopicsConfig, model: Path,
     cfg = AgentLoopWorkerConfig(
         group_id=f"{topics.prefix}agent-loop", model=str(model), n=1, replicas=[replica.address],
         sampling=SamplingParams(max_tokens=128, temperature=0.0), commit_interval_s=0.5,
-        grace_period_s=5.0, loops={"max_prompt_length": 2048, "max_response_length": 2048},
+        grace_period_s=5.0,
+        loops={"max_prompt_length": 2048, "max_response_length": 2048,
+               "options": {**AgentLoopConfig().options, "tool_timeout_s": 2.5}},
     )  # fmt: skip
     worker = AgentLoopWorker(kafka, topics, cfg, tokenizer=tokenizer, tools=load_tools(TOOLS))
     task = asyncio.create_task(worker.run())

@@ -38,6 +38,7 @@ class AgentLoopConfig(BaseModel):
             "max_assistant_turns": 5,
             "max_user_turns": 5,
             "max_parallel_calls": 4,
+            "tool_timeout_s": 60.0,
             "max_tool_response_length": 256,
             "tool_response_truncate_side": "middle",
             "tool_parser": "hermes",

@@ -246,11 +246,17 @@ class ToolAgentLoop(AgentLoopBase):
                 f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(data.tools)) or 'none'}",
                 None,
             )
+        timeout = float(self.ctx.options.get("tool_timeout_s", 60.0))
         try:
-            result = await tool.execute(data.instances.get(call.name), call.arguments)
+            result = await asyncio.wait_for(
+                tool.execute(data.instances.get(call.name), call.arguments), timeout
+            )
         except ToolError as exc:
             data.tool_errors += 1
             return f"Error: {exc}", None
+        except TimeoutError:
+            data.tool_errors += 1
+            return f"Error: tool {call.name!r} timed out after {timeout:g} s", None
         return result.text, result.reward
 
     def _tool_block_ids(self, data: AgentData, tool_messages: list[dict[str, Any]]) -> list[int]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError
 
 from schemas.codec import decode, decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
@@ -234,9 +235,22 @@ class AgentLoopWorker:
         try:
             try:
                 prompt = decode_as(record.value, PromptEvent)
+                if record.key is not None and record.key != prompt.uid.encode():
+                    raise DecodeError(
+                        f"record key {record.key!r} is not the prompt's uid {prompt.uid!r}",
+                        cause="key_mismatch",
+                    )
                 await self._run_prompt(prompt)
             except (DecodeError, AgentLoopError, BadRequestError) as exc:
                 await self._dead_letter(record, exc)
+                self.gate.observe_dropped()
+            except RolloutError:
+                raise
+            except Exception as exc:  # a bug in a loop or a tool: this prompt, not the worker
+                log.exception("prompt at %s[%d]@%d raised", tp.topic, tp.partition, record.offset)
+                await self._dead_letter(
+                    record, AgentLoopError(f"{type(exc).__name__}: {exc}", cause="agent_loop")
+                )
                 self.gate.observe_dropped()
             self.tracker.finish(tp, record.offset)
             self.counters["prompts_done"] += 1
@@ -339,7 +353,13 @@ class AgentLoopWorker:
             positions = {tp: pos for tp, pos in positions.items() if tp in only}
         if not positions or self.consumer is None:
             return
-        await self.consumer.commit(positions)
+        try:
+            await self.consumer.commit(positions)
+        except CommitFailedError as exc:
+            # The group rebalanced under us: these prompts are redelivered to their new owner
+            # (at-least-once; downstream de-duplicates), which is no reason to crash.
+            log.warning("commit failed after a rebalance (%s); the new owner redoes them", exc)
+            return
         self.tracker.mark_committed(positions)
 
     async def _revoke(self, revoked: list[TopicPartition]) -> None:

@@ -217,6 +217,13 @@ class RewardStage:
             self.stats.add("turns")
             try:
                 turn = decode_as(event.value, TurnEvent)
+                key = event.message.key
+                if key is not None and key != turn.trajectory_id.encode():
+                    # A mis-keyed turn sits in another partition than its trajectory.
+                    raise DecodeError(
+                        f"record key {key!r} is not the turn's trajectory id {turn.trajectory_id!r}",
+                        cause="key_mismatch",
+                    )
             except DecodeError as exc:
                 self.stats.add("decode_errors")
                 pending.append(await self._send_letter(record_letter(event.message, exc)))

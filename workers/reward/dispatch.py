@@ -21,6 +21,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,17 +70,28 @@ def _accepts_trajectory(fn: Callable[..., Any]) -> bool:
 
 
 def normalise_result(result: Any) -> Score:
-    """A float/int/bool, or a dict with `score` (other keys → extras), as a `Score`."""
+    """A finite float/int/bool, or a dict with `score` (other keys → extras), as a `Score`."""
     if isinstance(result, dict):
         if "score" not in result:
             raise ScorerError("custom reward returned a dict without 'score'")
         extra = {k: _plain(v) for k, v in result.items() if k != "score"}
-        return Score(float(result["score"]), extra)
+        return Score(_finite(result["score"]), extra)
     if isinstance(result, int | float | np.number):
-        return Score(float(result))
+        return Score(_finite(result))
     raise ScorerError(
         f"a reward must be a number or a dict with 'score', got {type(result).__name__}"
     )
+
+
+def _finite(value: Any) -> float:
+    # NaN and inf would serialise as JSON null: an event no consumer could read.
+    try:
+        score = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ScorerError(f"a reward score must be a number, got {value!r}") from exc
+    if not math.isfinite(score):
+        raise ScorerError(f"a reward score must be finite, got {score}")
+    return score
 
 
 def _plain(value: Any) -> Any:

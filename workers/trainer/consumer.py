@@ -318,6 +318,12 @@ class TrajectoryConsumer:
                             f"(expected {self.kind.__name__})",
                             cause="wrong_kind",
                         )
+                    uid = event.uid.encode()
+                    if record.key is not None and record.key != uid:
+                        raise DecodeError(
+                            f"record key {record.key!r} is not the event's uid {event.uid!r}",
+                            cause="key_mismatch",
+                        )
                     entry = Item(
                         event,
                         record.topic,
