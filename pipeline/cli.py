@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.cli import add_bench_parsers
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from schemas.errors import RolloutError
 
@@ -311,94 +312,6 @@ def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
-# --- bench ---------------------------------------------------------------------------
-
-
-def cmd_bench_serialization(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.serialization import run
-
-    result = run(tokens=args.tokens, rounds=args.rounds)
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_router(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.llm.bench_router import run
-
-    _emit(run(replicas=args.replicas, ids=args.ids), args.json)
-    return 0
-
-
-def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
-    import tempfile
-
-    from workers.llm.replicas.bench_engine import run
-
-    model = args.model
-    with tempfile.TemporaryDirectory() as tmp:
-        if model is None:
-            from workers.llm.model_init import init_model
-
-            model = str(init_model(Path(tmp) / "model", preset="tiny", seed=0))
-        _emit(run(model, concurrency=args.concurrency), args.json)
-    return 0
-
-
-def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.llm.bench_prefix import run
-
-    result = run(
-        args.model,
-        conversations=args.conversations,
-        concurrency=args.concurrency,
-        system_tokens=args.system_tokens,
-        task_tokens=args.task_tokens,
-    )
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.reward.bench import run
-
-    result = run(
-        cfg.kafka, trajectories=args.trajectories, turns=args.turns, tokens=args.tokens,
-        pool_workers=args.pool_workers, batch_size=args.batch_size, tokenizer=args.tokenizer,
-    )  # fmt: skip
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_async(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.async_speedup import run
-
-    result = run(
-        cfg.kafka,
-        steps=args.steps,
-        batch=args.batch,
-        n=args.n,
-        max_tokens=args.max_tokens,
-        model_dir=args.model,
-    )
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.agent_loop import run
-
-    _emit(run(cfg.kafka, prompts=args.prompts, rounds=args.rounds, model_dir=args.model), args.json)
-    return 0
-
-
-def _emit(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        _print_json(result)
-    else:
-        for key, value in result.items():
-            print(f"{key:>28}: {value}")
-
-
 # --- parser --------------------------------------------------------------------------
 
 
@@ -560,56 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=cmd_demo)
 
-    bench = sub.add_parser("bench", help="Benchmarks; each prints one JSON object with --json.")
-    bsub = bench.add_subparsers(dest="benchmark", required=True)
-    ser = bsub.add_parser("serialization", help="Wire codec vs plain JSON lists.")
-    ser.add_argument("--tokens", type=int, default=4096)
-    ser.add_argument("--rounds", type=int, default=5)
-    ser.add_argument("--json", action="store_true")
-    ser.set_defaults(handler=cmd_bench_serialization)
-    router = bsub.add_parser("router", help="Balancer acquire+release pairs per second.")
-    router.add_argument("--replicas", type=int, default=8)
-    router.add_argument("--ids", type=int, default=10_000)
-    router.add_argument("--json", action="store_true")
-    router.set_defaults(handler=cmd_bench_router)
-    engine = bsub.add_parser("engine", help="hf engine: concurrent vs serial tokens/s.")
-    engine.add_argument("--model", help="Model directory (default: build the tiny model).")
-    engine.add_argument("--concurrency", type=int, default=16)
-    engine.add_argument("--json", action="store_true")
-    engine.set_defaults(handler=cmd_bench_engine)
-    prefix = bsub.add_parser("prefix-routing", help="Sticky vs round-robin over 4 hf replicas.")
-    prefix.add_argument("--model", help="Model directory (default: build the tiny model).")
-    prefix.add_argument("--conversations", type=int, default=64)
-    prefix.add_argument("--concurrency", type=int, default=64)
-    prefix.add_argument(
-        "--system-tokens", type=int, default=640, help="Shared system prompt (tool schemas)."
-    )
-    prefix.add_argument("--task-tokens", type=int, default=64, help="Each conversation's own task.")
-    prefix.add_argument("--json", action="store_true")
-    prefix.set_defaults(handler=cmd_bench_prefix)
-    reward_bench = bsub.add_parser("reward", help="Reward stage vs a bare consume→produce copy.")
-    reward_bench.add_argument("--trajectories", type=int, default=2000)
-    reward_bench.add_argument("--turns", type=int, default=4)
-    reward_bench.add_argument("--tokens", type=int, default=256)
-    reward_bench.add_argument("--pool-workers", type=int, default=2)
-    reward_bench.add_argument("--batch-size", type=int, default=1024)
-    reward_bench.add_argument("--tokenizer", help="Model/tokenizer directory (default: build one).")
-    reward_bench.add_argument("--json", action="store_true")
-    reward_bench.set_defaults(handler=cmd_bench_reward)
-    speedup = bsub.add_parser("async-speedup", help="max_staleness 0 vs 2, same steps, same run.")
-    speedup.add_argument("--steps", type=int, default=8)
-    speedup.add_argument("--batch", type=int, default=2, help="Groups per trainer step.")
-    speedup.add_argument("--n", type=int, default=4, help="Samples per prompt.")
-    speedup.add_argument("--max-tokens", type=int, default=48)
-    speedup.add_argument("--model", help="Model directory (default: build the tiny model).")
-    speedup.add_argument("--json", action="store_true")
-    speedup.set_defaults(handler=cmd_bench_async)
-    agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
-    agent_bench.add_argument("--prompts", type=int, default=48)
-    agent_bench.add_argument("--rounds", type=int, default=2)
-    agent_bench.add_argument("--model", help="Model directory (default: build the tiny model).")
-    agent_bench.add_argument("--json", action="store_true")
-    agent_bench.set_defaults(handler=cmd_bench_agent_loop)
+    add_bench_parsers(sub)
 
     return parser
 
