@@ -305,6 +305,19 @@ def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.status import pipeline_status, render_status
+
+    status = pipeline_status(cfg.kafka, cfg.topics, interval_s=args.interval)
+    if args.json:
+        _print_json(status)
+    else:
+        from rich.console import Console
+
+        Console().print(render_status(status))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
@@ -465,6 +478,13 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="rl.scored → groups, staleness, advantages → rl.replay."
     )
     replay.set_defaults(handler=cmd_worker_replay)
+
+    overview = sub.add_parser("status", help="Lag, rates, policy version, replicas, dead letters.")
+    overview.add_argument(
+        "--interval", type=float, default=2.0, help="Seconds between rate samples."
+    )
+    overview.add_argument("--json", action="store_true")
+    overview.set_defaults(handler=cmd_status)
 
     demo = sub.add_parser("demo", help="Train the tiny model with the whole pipeline, locally.")
     demo.add_argument("--steps", type=int, default=None, help="Trainer steps (default: recipe).")

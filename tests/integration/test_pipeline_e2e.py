@@ -14,6 +14,7 @@ from pipeline.config import load_config
 from pipeline.data import arithmetic_rows
 from pipeline.launch import LocalPipeline
 from pipeline.producer import PromptProducer
+from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -69,10 +70,14 @@ def test_the_loop_trains_and_weights_flow_back(
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
     with LocalPipeline(cfg, tmp_path / "run", model_dir=str(tiny_model), replicas=2) as pipe:
         deadline = time.monotonic() + 400
+        status = None
         while time.monotonic() < deadline:
             if pipe.process("train").proc.poll() is not None:
                 break
             pipe.check()
+            if status is None and metrics.exists() and '"event": "step"' in metrics.read_text():
+                status = run_cli("--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
+                                 "status", "--json", "--interval", "0.5")  # fmt: skip
             time.sleep(1.0)
         train = pipe.process("train")
         assert train.proc.poll() == 0, train.tail()
@@ -86,6 +91,17 @@ def test_the_loop_trains_and_weights_flow_back(
                 break
             time.sleep(1.0)
         assert versions == [STEPS] * 2, versions
+
+    # `rollout status` against the running pipeline: lag, the live version, the replicas.
+    assert status is not None and status.returncode == 0, status and status.stderr
+    seen = json.loads(status.stdout)
+    lags = {(g, t): row["lag"] for g, topics in seen["groups"].items() for t, row in topics.items()}
+    assert any(lag > 0 for lag in lags.values()), lags  # prompts wait behind the admission gate
+    assert (f"{topics_config.prefix}agent-loop", topics_config.name("prompts")) in lags
+    assert seen["policy_version"] >= 1
+    assert sorted(r["replica_id"] for r in seen["replicas"]) == ["replica-0", "replica-1"]
+    assert all(r["healthy"] and isinstance(r["version"], int) for r in seen["replicas"])
+    assert seen["dlq_count"] == 0
 
     assert [s["step"] for s in steps][-STEPS:] == list(range(1, STEPS + 1))
     for step in steps:

@@ -1,0 +1,188 @@
+"""`rollout status`: what a running pipeline is doing, read from Kafka and the replicas.
+
+Nothing here talks to a stage. From the cluster it reads, for the run's topic prefix:
+
+- every consumer group that has committed offsets on one of the pipeline's topics, with its
+  committed position, the topic's end offset and the lag (end − committed) per topic;
+- each topic's end offset twice, `interval_s` apart, for its produce rate (messages/s);
+- the latest `PolicyVersion` on the (compacted) policy topic;
+- the live replicas on the (compacted) replicas topic — tombstoned ones are gone — each
+  probed on `/health` for its health and the version it serves;
+- the number of dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.admin import OffsetSpec
+
+from schemas.codec import decode
+from schemas.errors import DecodeError
+from schemas.events import PolicyVersion, ReplicaInfo
+from workers.kafka.clients import make_admin, make_consumer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+__all__ = ["pipeline_status", "render_status"]
+
+
+def _partitions(admin: Any, topics: list[str]) -> list[TopicPartition]:
+    out = []
+    for described in admin.describe_topics(topics):
+        for part in described["partitions"]:
+            out.append(
+                TopicPartition(
+                    described["name"], int(part.get("partition_index", part.get("partition", 0)))
+                )
+            )
+    return out
+
+
+def _offsets(admin: Any, parts: list[TopicPartition], spec: Any) -> dict[TopicPartition, int]:
+    answer = admin.list_partition_offsets(dict.fromkeys(parts, spec))
+    return {tp: max(int(getattr(info, "offset", info)), 0) for tp, info in answer.items()}
+
+
+def _compacted(kafka: KafkaConfig, topic: str) -> dict[bytes, bytes | None]:
+    """Latest value per key of a compacted topic (None for a tombstone)."""
+    consumer = make_consumer(kafka, topic, group_id=None, name="status")
+    latest: dict[bytes, bytes | None] = {}
+    try:
+        consumer.poll(timeout_ms=200)  # join: assignment happens on the first poll
+        ends = consumer.end_offsets(list(consumer.assignment()))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+            consumer.position(tp) < end for tp, end in ends.items()
+        ):
+            for records in consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    latest[record.key or b""] = record.value
+    finally:
+        consumer.close()
+    return latest
+
+
+def _group_id(listed: Any) -> str:
+    # kafka-python 3 lists groups as dicts; older releases as (group_id, protocol) tuples.
+    if isinstance(listed, dict):
+        return str(listed["group_id"])
+    if isinstance(listed, tuple):
+        return str(listed[0])
+    return str(getattr(listed, "group_id", listed))
+
+
+def _health(address: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + "/health", timeout=2) as resp:
+            body = json.loads(resp.read())
+            return {"healthy": body.get("status") == "ok", "version": body.get("version")}
+    except (OSError, ValueError):
+        return {"healthy": False, "version": None}
+
+
+def pipeline_status(
+    kafka: KafkaConfig, topics: TopicsConfig, *, interval_s: float = 2.0
+) -> dict[str, Any]:
+    admin = make_admin(kafka)
+    try:
+        names = sorted(set(topics.all_names().values()) & set(admin.list_topics()))
+        parts = _partitions(admin, names)
+        first = _offsets(admin, parts, OffsetSpec.LATEST)
+        started = time.monotonic()
+        time.sleep(interval_s)
+        ends = _offsets(admin, parts, OffsetSpec.LATEST)
+        elapsed = time.monotonic() - started
+        earliest = _offsets(
+            admin, [tp for tp in parts if tp.topic == topics.name("dlq")], OffsetSpec.EARLIEST
+        )
+
+        group_ids = [_group_id(g) for g in admin.list_groups()]
+        committed = admin.list_group_offsets({str(g): None for g in group_ids}) if group_ids else {}
+    finally:
+        admin.close()
+
+    by_topic = {name: sum(v for tp, v in ends.items() if tp.topic == name) for name in names}
+    rates = {
+        name: round(
+            sum(ends[tp] - first.get(tp, 0) for tp in ends if tp.topic == name) / elapsed, 2
+        )
+        for name in names
+    }
+    groups: dict[str, dict[str, dict[str, int]]] = {}
+    for group, offsets in committed.items():
+        for tp, meta in (offsets or {}).items():
+            if tp.topic not in by_topic or int(meta.offset) < 0:
+                continue
+            entry = groups.setdefault(str(group), {}).setdefault(
+                tp.topic, {"committed": 0, "end": 0, "lag": 0}
+            )
+            entry["committed"] += int(meta.offset)
+            entry["end"] += ends.get(tp, 0)
+            entry["lag"] += max(ends.get(tp, 0) - int(meta.offset), 0)
+
+    version: int | None = None
+    for value in _compacted(kafka, topics.name("policy")).values():
+        try:
+            event = decode(value)
+        except DecodeError:
+            continue
+        if isinstance(event, PolicyVersion):
+            version = max(version or 0, event.version)
+    replicas = []
+    for _key, value in sorted(_compacted(kafka, topics.name("replicas")).items()):
+        if value is None:
+            continue  # left cleanly (tombstone)
+        try:
+            info = decode(value)
+        except DecodeError:
+            continue
+        if isinstance(info, ReplicaInfo):
+            replicas.append({"replica_id": info.replica_id, "address": info.address, "backend": info.backend,
+                             **_health(info.address)})  # fmt: skip
+    dlq = topics.name("dlq")
+    return {
+        "bootstrap": kafka.bootstrap,
+        "prefix": topics.prefix,
+        "groups": groups,
+        "topics": {
+            name: {"end_offset": by_topic[name], "messages_per_s": rates[name]} for name in names
+        },
+        "policy_version": version,
+        "replicas": replicas,
+        "dlq_count": sum(v for tp, v in ends.items() if tp.topic == dlq) - sum(earliest.values()),
+    }
+
+
+def render_status(status: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    lag = Table(title=f"consumer groups on {status['prefix']}* at {status['bootstrap']}")
+    for column in ("group", "topic", "committed", "end", "lag"):
+        lag.add_column(column, justify="right" if column in ("committed", "end", "lag") else "left")
+    for group, topics in sorted(status["groups"].items()):
+        for topic, row in sorted(topics.items()):
+            lag.add_row(group, topic, str(row["committed"]), str(row["end"]), str(row["lag"]))
+    rates = Table(title="topics")
+    for column in ("topic", "end offset", "messages/s"):
+        rates.add_column(column)
+    for topic, row in status["topics"].items():
+        rates.add_row(topic, str(row["end_offset"]), f"{row['messages_per_s']:.1f}")
+    reps = Table(
+        title=f"replicas (policy version {status['policy_version']}, dead letters {status['dlq_count']})"
+    )
+    for column in ("replica", "address", "backend", "healthy", "version"):
+        reps.add_column(column)
+    for rep in status["replicas"]:
+        reps.add_row(
+            rep["replica_id"],
+            rep["address"],
+            rep["backend"],
+            str(rep["healthy"]),
+            str(rep["version"]),
+        )
+    return Group(lag, rates, reps)
