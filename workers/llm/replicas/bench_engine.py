@@ -2,8 +2,8 @@
 
 `run(model_dir, concurrency, max_tokens, prompt_len)` builds one in-process engine, sends
 `concurrency` distinct prompts (seeded, `ignore_eos`, so both passes generate exactly the same
-number of tokens) one after another, then all at once, and reports generated tokens per second
-of each pass and their ratio. The prefix cache is disabled so the second pass does not profit
+number of tokens) one after another and all at once, twice each in ABBA order, and reports the
+best generated tokens per second of each mode and their ratio. The prefix cache is disabled so the second pass does not profit
 from the first. Continuous batching should give `ratio` ≥ 4 at concurrency 16 on CPU.
 """
 
@@ -50,15 +50,25 @@ async def _run(
         ]
         await engine.generate(prompts[0], params[0].model_copy(update={"max_tokens": 4}))
 
-        start = time.perf_counter()
-        serial = [await engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        serial_s = time.perf_counter() - start
+        async def serial_pass() -> tuple[float, list[Any]]:
+            start = time.perf_counter()
+            out = [await engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            return time.perf_counter() - start, out
 
-        start = time.perf_counter()
-        concurrent = await asyncio.gather(
-            *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
-        )
-        concurrent_s = time.perf_counter() - start
+        async def concurrent_pass() -> tuple[float, list[Any]]:
+            start = time.perf_counter()
+            out = await asyncio.gather(
+                *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
+            )
+            return time.perf_counter() - start, list(out)
+
+        # ABBA order, best of two each: load from other processes on a shared machine hits
+        # both modes alike instead of whichever happened to run first.
+        s1, serial = await serial_pass()
+        c1, concurrent = await concurrent_pass()
+        c2, _ = await concurrent_pass()
+        s2, _ = await serial_pass()
+        serial_s, concurrent_s = min(s1, s2), min(c1, c2)
     finally:
         await engine.aclose()
 
