@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from pipeline.config import RunConfig
+from workers.llm.replicas.local import free_port
 
 __all__ = ["LocalPipeline", "StageProcess"]
 
@@ -111,7 +112,7 @@ class LocalPipeline:
         env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
         base = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path)]
         for i in range(self.replicas):
-            port = _free_port()
+            port = free_port()
             url = f"http://127.0.0.1:{port}"
             self.replica_urls.append(url)
             self._add(f"replica-{i}", [*base, "replica", "serve", "--backend", "hf", "--model", self.model_dir,
@@ -205,11 +206,3 @@ class LocalPipeline:
             }
             for p in self.processes
         }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -28,7 +28,7 @@ import faust
 
 from workers.kafka.config import KafkaConfig
 
-__all__ = ["faust_broker_credentials", "faust_broker_url", "make_faust_app"]
+__all__ = ["faust_broker_credentials", "faust_broker_url", "make_faust_app", "run_faust_app"]
 
 log = logging.getLogger("rollout.kafka.faust")
 
@@ -87,3 +87,22 @@ def make_faust_app(
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     log.info("faust app %s on %s (%s)", app_id, kafka.bootstrap, kafka.security_protocol)
     return faust.App(app_id, **conf)
+
+
+def run_faust_app(app: faust.App) -> int:
+    """Run a stage's app in this process until it stops; its exit status.
+
+    Logging stays as the process set it up (faust neither reconfigures it nor redirects stdout).
+    """
+    worker = faust.Worker(
+        app,
+        loglevel=logging.getLogger().getEffectiveLevel(),
+        quiet=True,
+        override_logging=False,
+        redirect_stdouts=False,
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workers.llm.replicas.local import free_port
 
 __all__ = ["run"]
 
@@ -208,12 +209,6 @@ def _ideal_hits(prompts: list[list[int]], gen_tokens: int, system_tokens: int) -
 # ---- replicas -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _cpu_seconds(pids: list[int]) -> float | None:
     """User + system CPU seconds the processes have used so far (Linux /proc), else None."""
     total = 0
@@ -236,7 +231,7 @@ def _replicas(
     urls: list[str] = []
     try:
         for i in range(n):
-            port = _free_port()
+            port = free_port()
             cmd = [sys.executable, "-m", "workers.llm.replicas.hf", "--model", model_dir]
             cmd += ["--port", str(port), "--replica-id", f"r{i}", "--threads", "1"]
             cmd += ["--prefix-cache-tokens", str(cache_tokens), "--log-level", "WARNING"]

@@ -14,7 +14,6 @@ import logging
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from schemas.errors import RolloutError
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.replay.config import ReplayConfig
@@ -88,7 +87,6 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: ReplayConfig) -
                 f"topic {topics.name(role)} does not exist (run `rollout topics create`)"
             )
     ensure_tick_topic(kafka, topics, config.tick_topic, partitions)
-    import faust
 
     from workers.replay.app import ReplayStage
 
@@ -96,17 +94,6 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: ReplayConfig) -
     log.info(
         "replay stage %s on %s (%d partitions), n=%d", config.app_id, scored, partitions, config.n
     )
-    worker = faust.Worker(
-        stage.app,
-        loglevel=logging.getLogger().getEffectiveLevel(),
-        quiet=True,
-        override_logging=False,
-        redirect_stdouts=False,
-    )
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except RolloutError:
-        raise
-    return 0
+    from workers.kafka.faust_app import run_faust_app
+
+    return run_faust_app(stage.app)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from schemas.errors import RolloutError
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.reward.config import RewardConfig
 from workers.reward.exceptions import RewardError
@@ -50,7 +49,6 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig) -
     missing = config.missing_for_start()
     if missing:
         raise RewardError(missing)
-    import faust
 
     from workers.reward.app import RewardStage
 
@@ -60,17 +58,6 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig) -
     log.info(
         "reward stage %s on %s (%d partitions)", config.app_id, topics.name("turns"), partitions
     )
-    worker = faust.Worker(
-        stage.app,
-        loglevel=logging.getLogger().getEffectiveLevel(),
-        quiet=True,
-        override_logging=False,
-        redirect_stdouts=False,
-    )
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except RolloutError:
-        raise
-    return 0
+    from workers.kafka.faust_app import run_faust_app
+
+    return run_faust_app(stage.app)

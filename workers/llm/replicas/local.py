@@ -16,10 +16,11 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["LocalReplicas"]
+__all__ = ["LocalReplicas", "free_port"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for local replicas, brokers, tests)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -53,7 +54,7 @@ class LocalReplicas:
     def start(self, timeout_s: float = 180.0) -> LocalReplicas:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(self.count):
-            port = _free_port()
+            port = free_port()
             rid = f"hf-local-{port}"
             log = (self.log_dir / f"{rid}.log").open("wb")
             self.procs.append(
