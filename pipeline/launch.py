@@ -33,11 +33,12 @@ import yaml
 from pipeline.config import RunConfig
 from workers.llm.replicas.local import free_port
 
-__all__ = ["LocalPipeline", "StageProcess"]
+__all__ = ["STAGES", "LocalPipeline", "StageProcess", "stage_plan"]
 
 log = logging.getLogger("rollout.launch")
 
 REPO = Path(__file__).resolve().parent.parent
+STAGES = ("agent-loop", "reward", "replay", "train")
 
 
 @dataclass
@@ -79,6 +80,44 @@ class StageProcess:
             return ""
 
 
+def stage_plan(
+    *,
+    model_dir: str,
+    replica_ports: list[int],
+    replica_threads: int = 1,
+    stages: tuple[str, ...] = STAGES,
+    agent_loop_workers: int = 1,
+    host: str = "127.0.0.1",
+) -> list[tuple[str, list[str]]]:
+    """The processes of one run as `(name, rollout CLI arguments)`, in start order.
+
+    Pure: the local launcher and the Ray launcher start the same list, so both run exactly
+    the commands a user would type. With more than one agent-loop worker they are named
+    `agent-loop-0`, `agent-loop-1`, ... (one consumer group; Kafka shares the partitions).
+    """
+    plan: list[tuple[str, list[str]]] = []
+    for i, port in enumerate(replica_ports):
+        url = f"http://{host}:{port}"
+        plan.append((f"replica-{i}", ["replica", "serve", "--backend", "hf", "--model", model_dir,
+                     "--port", str(port), "--replica-id", f"replica-{i}", "--threads",
+                     str(replica_threads), "--register"]))  # fmt: skip
+        plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
+    commands = {
+        "agent-loop": ["worker", "agent-loop", "--model", model_dir],
+        "reward": ["worker", "reward"],
+        "replay": ["worker", "replay"],
+        "train": ["train"],
+    }
+    for stage in stages:
+        if stage not in commands:
+            raise ValueError(f"unknown stage {stage!r}; known: {', '.join(commands)}")
+        if stage == "agent-loop" and agent_loop_workers > 1:
+            plan.extend((f"agent-loop-{i}", commands[stage]) for i in range(agent_loop_workers))
+        else:
+            plan.append((stage, commands[stage]))
+    return plan
+
+
 class LocalPipeline:
     """Every stage of one run as subprocesses; a context manager that always cleans up."""
 
@@ -90,8 +129,9 @@ class LocalPipeline:
         model_dir: str,
         replicas: int = 2,
         replica_threads: int = 1,
-        stages: tuple[str, ...] = ("agent-loop", "reward", "replay", "train"),
+        stages: tuple[str, ...] = STAGES,
         extra_env: dict[str, str] | None = None,
+        agent_loop_workers: int = 1,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -100,6 +140,7 @@ class LocalPipeline:
         self.replica_threads = replica_threads
         self.stages = stages
         self.extra_env = extra_env or {}
+        self.agent_loop_workers = agent_loop_workers
         self.processes: list[StageProcess] = []
         self.replica_urls: list[str] = []
 
@@ -111,22 +152,17 @@ class LocalPipeline:
         config_path.write_text(yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
         env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
         base = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path)]
-        for i in range(self.replicas):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            self.replica_urls.append(url)
-            self._add(f"replica-{i}", [*base, "replica", "serve", "--backend", "hf", "--model", self.model_dir,
-                      "--port", str(port), "--replica-id", f"replica-{i}", "--threads",
-                      str(self.replica_threads), "--register"], env)  # fmt: skip
-            self._add(f"sync-{i}", [*base, "replica", "sync", "--replica", url], env)
-        commands = {
-            "agent-loop": ["worker", "agent-loop", "--model", self.model_dir],
-            "reward": ["worker", "reward"],
-            "replay": ["worker", "replay"],
-            "train": ["train"],
-        }
-        for stage in self.stages:
-            self._add(stage, [*base, *commands[stage]], env)
+        ports = [free_port() for _ in range(self.replicas)]
+        self.replica_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        plan = stage_plan(
+            model_dir=self.model_dir,
+            replica_ports=ports,
+            replica_threads=self.replica_threads,
+            stages=self.stages,
+            agent_loop_workers=self.agent_loop_workers,
+        )
+        for name, argv in plan:
+            self._add(name, [*base, *argv], env)
         return self
 
     def _add(self, name: str, argv: list[str], env: dict[str, str]) -> StageProcess:

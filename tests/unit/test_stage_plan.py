@@ -1,0 +1,25 @@
+"""The launch plan is the same list of CLI commands for the local and the Ray launcher."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.cli import build_parser
+from pipeline.launch import stage_plan
+
+
+def test_every_planned_command_parses_in_the_cli() -> None:
+    plan = stage_plan(model_dir="/m", replica_ports=[8001, 8002], agent_loop_workers=2)
+    names = [name for name, _ in plan]
+    assert names == ["replica-0", "sync-0", "replica-1", "sync-1", "agent-loop-0",
+                     "agent-loop-1", "reward", "replay", "train"]  # fmt: skip
+    parser = build_parser()
+    for _, argv in plan:
+        parser.parse_args(argv)  # exits (SystemExit) on an unknown command or flag
+
+
+def test_one_worker_keeps_the_plain_name_and_unknown_stages_are_refused() -> None:
+    plan = stage_plan(model_dir="/m", replica_ports=[], stages=("agent-loop",))
+    assert plan == [("agent-loop", ["worker", "agent-loop", "--model", "/m"])]
+    with pytest.raises(ValueError, match="unknown stage"):
+        stage_plan(model_dir="/m", replica_ports=[], stages=("nope",))
