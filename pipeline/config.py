@@ -42,7 +42,7 @@ class LocalKafkaConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    port: int = Field(default=9092, ge=1, le=65535)
+    port: int = Field(default=9092, ge=1, le=65535, description="Client port on localhost.")
     data_dir: str | None = Field(default=None, description="Default: ~/.rollout/kafka-<port>.")
     heap: str = Field(default="1g", pattern=r"^\d+[mg]$", description="JVM heap, e.g. 1g.")
 

@@ -31,8 +31,12 @@ class AgentLoopConfig(BaseModel):
         default_factory=dict, description="name → 'package.module:Class' of user agent loops."
     )
     tool_config: str | None = Field(default=None, description="YAML file of tools for tool_agent.")
-    max_prompt_length: int = Field(default=1024, ge=1)
-    max_response_length: int = Field(default=512, ge=1)
+    max_prompt_length: int = Field(
+        default=1024, ge=1, description="Longer prompts (in tokens) are dead-lettered."
+    )
+    max_response_length: int = Field(
+        default=512, ge=1, description="Token budget of a whole trajectory's response."
+    )
     options: dict[str, object] = Field(
         default_factory=lambda: {
             "max_assistant_turns": 5,
@@ -58,7 +62,9 @@ class AgentLoopWorkerConfig(BaseModel):
         default=4, ge=1, le=1024, description="Samples per prompt unless the prompt says."
     )
     max_samples_in_flight: int = Field(default=64, ge=1, description="Backpressure bound.")
-    commit_interval_s: float = Field(default=1.0, gt=0)
+    commit_interval_s: float = Field(
+        default=1.0, gt=0, description="Seconds between commits of the finished offsets."
+    )
     grace_period_s: float = Field(default=30.0, ge=0, description="On SIGTERM, finish within this.")
     replicas: list[str] = Field(
         default_factory=list,

@@ -31,16 +31,24 @@ class KafkaConfig(BaseModel):
         description="host:port of one or more brokers; a comma-separated string is accepted.",
     )
     client_id: str = Field(default="rollout", description="Prefix of every client's id.")
-    security_protocol: SecurityProtocol = Field(default="PLAINTEXT")
+    security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="How clients talk to the brokers: TLS and/or SASL."
+    )
     sasl_mechanism: SaslMechanism | None = Field(default=None, description="With SASL_* only.")
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_username: str | None = Field(default=None, description="SASL user (SASL_* only).")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="SASL password; give it by environment, not in a file."
+    )
     ssl_cafile: str | None = Field(default=None, description="CA bundle to verify the brokers.")
     ssl_certfile: str | None = Field(default=None, description="Client certificate (mTLS).")
-    ssl_keyfile: str | None = None
-    ssl_password: SecretStr | None = None
-    ssl_check_hostname: bool = True
-    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    ssl_keyfile: str | None = Field(default=None, description="Private key of ssl_certfile.")
+    ssl_password: SecretStr | None = Field(default=None, description="Password of ssl_keyfile.")
+    ssl_check_hostname: bool = Field(
+        default=True, description="Check that a broker's certificate names its host."
+    )
+    request_timeout_ms: int = Field(
+        default=30_000, ge=1_000, description="How long a client waits for a broker's answer."
+    )
     max_request_size: int = Field(
         default=16 * 1024 * 1024, ge=1024 * 1024, description="Largest message a producer sends."
     )
@@ -128,8 +136,15 @@ class TopicSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partitions: int = Field(default=4, ge=1, le=10_000)
-    cleanup_policy: Literal["delete", "compact"] = "delete"
+    partitions: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="How many consumers of one group can share the topic.",
+    )
+    cleanup_policy: Literal["delete", "compact"] = Field(
+        default="delete", description="compact keeps the latest value per key."
+    )
     retention_ms: int = Field(default=7 * 24 * 3600 * 1000, ge=-1, description="-1 keeps forever.")
 
 

@@ -45,11 +45,11 @@ class SamplingParams(BaseModel):
 
     max_tokens: int = Field(default=256, ge=1, description="Tokens to generate at most.")
     temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(default=-1, ge=-1, description="-1 disables top-k.")
     seed: int | None = Field(default=None, description="Per-request RNG seed.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Finish 'stop' on these.")
-    ignore_eos: bool = False
+    ignore_eos: bool = Field(default=False, description="Keep generating past EOS.")
     logprobs: int | None = Field(
         default=1, ge=0, description="Return the sampled tokens' logprobs when not None."
     )

@@ -71,7 +71,10 @@ class CustomRewardConfig(BaseModel):
 
     path: str = Field(min_length=1, description="Importable module path, e.g. 'my_pkg.reward'.")
     name: str = Field(default="compute_score", min_length=1, description="Function name.")
-    executor: Literal["thread", "process"] = Field(default="thread")
+    executor: Literal["thread", "process"] = Field(
+        default="thread",
+        description="Where a sync function runs: a thread, or the scorer pool (killable).",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments.")
 
 
@@ -82,7 +85,10 @@ class RewardModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enable: bool = Field(default=False, description="Score with the reward model.")
-    style: Literal["discriminative", "generative"] = Field(default="discriminative")
+    style: Literal["discriminative", "generative"] = Field(
+        default="discriminative",
+        description="discriminative: scores from /classify; generative: a custom function.",
+    )
     addresses: list[str] = Field(
         default_factory=list, description="Base URLs of replicas serving /classify."
     )
