@@ -244,3 +244,35 @@ def test_config_imports_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_decode_tail_ends_like_the_whole_decode_with_a_real_byte_level_tokenizer() -> None:
+    from workers.llm.model_init import build_tokenizer
+    from workers.reward.dispatch import decode_tail
+
+    tok = build_tokenizer()
+    rng = np.random.default_rng(7)
+    texts = [
+        "",
+        "#### 42",
+        "short answer #### 7",
+        "é日本語 " * 300 + "#### -1,234.5",
+        " ".join(str(rng.integers(0, 10**6)) for _ in range(900)) + " #### 12",
+    ]
+    arrays = [np.array(tok.encode(t), dtype="<i4") for t in texts]
+    arrays.append(rng.integers(0, len(tok), 3000).astype("<i4"))  # any ids, split UTF-8 too
+    whole = tok.batch_decode([a.tolist() for a in arrays], skip_special_tokens=True)
+    tails = decode_tail(tok, arrays, 300)
+    for full, tail in zip(whole, tails, strict=True):
+        assert tail[-300:] == full[-300:]
+        assert len(tail) <= len(full) + 1
+
+
+async def test_gsm8k_items_are_scored_from_the_decoded_tail() -> None:
+    long_wrong_then_right = "#### 41 " + "x" * 5000 + " #### 42"
+    d = Dispatcher(
+        RewardConfig(tokenizer="t", data_sources={"openai/gsm8k": "gsm8k"}),
+        tokenizer=CharTokenizer(), pool=None,
+    )  # fmt: skip
+    (score,) = await d.score_batch([item(long_wrong_then_right)])
+    assert isinstance(score, Score) and score.value == 1.0

@@ -9,8 +9,9 @@ Order (decided once per stage by `RewardConfig.scorer_kind`):
 3. the rule scorer `data_sources` names for the trajectory's `data_source`: gsm8k inline
    (it reads at most 300 characters), math in the process pool with a per-item timeout.
 
-The response is decoded whole with the tokenizer (`skip_special_tokens=True`), tool and user
-tokens included, as verl's reward managers do. `score_batch` never raises for one item:
+The response is decoded with the tokenizer (`skip_special_tokens=True`), tool and user tokens
+included, as verl's reward managers do: whole for every scorer but gsm8k, which reads only the
+last 300 characters and gets a decoded tail that holds them. `score_batch` never raises for one item:
 each item yields a `Score` or the `RewardError` that stopped it, and the caller applies the
 failure policy. Items of a batch are scored concurrently.
 """
@@ -38,9 +39,9 @@ from workers.reward.exceptions import (
 )
 from workers.reward.pool import ScorerPool
 from workers.reward.rm_client import RewardModelClient
-from workers.reward.scorers.gsm8k import gsm8k_score
+from workers.reward.scorers.gsm8k import CLIP_CHARS, gsm8k_score
 
-__all__ = ["Dispatcher", "Score", "load_custom", "normalise_result"]
+__all__ = ["Dispatcher", "Score", "decode_tail", "load_custom", "normalise_result"]
 
 log = logging.getLogger("rollout.reward.dispatch")
 
@@ -136,9 +137,31 @@ class Dispatcher:
         )
 
     def _decode(self, items: list[Assembled]) -> list[str]:
+        """The response text of each item: whole, or only its tail where gsm8k scores it.
+
+        Detokenizing costs far more than the gsm8k scorer; that scorer reads only the last
+        `CLIP_CHARS` characters, so its items decode a suffix of tokens long enough to hold
+        them (`decode_tail`). Every other scorer gets the whole response.
+        """
         assert self.tokenizer is not None, "text scorers need a tokenizer"
-        ids = [item.fields["response_ids"].tolist() for item in items]
-        texts: list[str] = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        tail = [
+            self.kind == "rule" and self.config.data_sources.get(item.data_source) == "gsm8k"
+            for item in items
+        ]
+        whole = [i for i, t in enumerate(tail) if not t]
+        texts = [""] * len(items)
+        if whole:
+            ids = [items[i].fields["response_ids"].tolist() for i in whole]
+            decoded: list[str] = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            for i, text in zip(whole, decoded, strict=True):
+                texts[i] = text
+        clipped = [i for i, t in enumerate(tail) if t]
+        if clipped:
+            ends = decode_tail(
+                self.tokenizer, [items[i].fields["response_ids"] for i in clipped], CLIP_CHARS
+            )
+            for i, text in zip(clipped, ends, strict=True):
+                texts[i] = text
         return texts
 
     async def _guarded(self, item: Assembled, text: str) -> Score | RewardError:
@@ -235,6 +258,31 @@ class Dispatcher:
     async def close(self) -> None:
         if self.reward_model is not None:
             await self.reward_model.close()
+
+
+def decode_tail(tokenizer: Any, arrays: list[np.ndarray], chars: int) -> list[str]:
+    """Text that ends each token array and holds at least its last `chars` characters.
+
+    Decodes a suffix of 64 tokens, doubling it for the arrays whose text is still shorter
+    than `chars` plus a margin (the first token of a suffix may decode differently from
+    the same token in context: a split multi-byte character), up to the whole array; a
+    whole array's text is returned as is. So `decode_tail(...)[i][-chars:]` equals the last
+    `chars` characters of the whole decode.
+    """
+    out = [""] * len(arrays)
+    todo = list(range(len(arrays)))
+    window = 64
+    while todo:
+        ids = [arrays[i][-window:].tolist() for i in todo]
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        again = []
+        for i, text in zip(todo, texts, strict=True):
+            if len(arrays[i]) <= window or len(text) >= chars + 8:
+                out[i] = text
+            else:
+                again.append(i)
+        todo, window = again, window * 2
+    return out
 
 
 def _plain_trajectory(item: Assembled) -> dict[str, Any]:
