@@ -224,6 +224,8 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     extra: dict[str, Any] = {}
     if args.backend == "hf":
         extra["threads"] = args.threads
+    else:
+        extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
     try:
         result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
     finally:
@@ -322,6 +324,40 @@ def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
     run_demo(cfg, steps=args.steps, prompts=args.prompts)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline import ray_launch
+
+    model = args.model or cfg.trainer.model_dir or cfg.agent_loop.model
+    if not model:
+        raise ConfigError("--model (or trainer.model_dir) must name the model directory")
+    model = str(Path(model).resolve())
+    trainer = {"model_dir": cfg.trainer.model_dir or model}
+    if args.steps is not None:
+        trainer["max_steps"] = args.steps
+    cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
+    started = ray_launch.up(
+        cfg, address=args.ray or None, model_dir=model, run_dir=args.run_dir or f"runs/{args.run}",
+        run=args.run, replicas=args.replicas, replica_threads=args.replica_threads,
+        agent_loop_workers=args.agent_loop_workers, backend=args.backend,
+        parallel=(args.tp, args.dp, args.pp),
+    )  # fmt: skip
+    for row in started:
+        _print_json(row)
+    if not args.wait:
+        return 0
+    code = ray_launch.wait(args.ray or None, run=args.run, timeout_s=args.timeout)
+    print(f"{args.run}/train exited with {code}", file=sys.stderr)
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def cmd_down(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.ray_launch import down
+
+    for name, code in down(args.ray or None, run=args.run, grace_s=args.grace).items():
+        print(f"{name}\tstopped ({code})")
     return 0
 
 
@@ -454,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=2, help="torch threads (hf).")
     serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
     serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
+    for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
+        serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
     serve.set_defaults(handler=cmd_replica_serve)
 
     sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
@@ -492,6 +530,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", type=int, default=None, help="Prompts to produce (default: enough for steps)."
     )
     demo.set_defaults(handler=cmd_demo)
+
+    ray_up = sub.add_parser("up", help="Start the whole pipeline as Ray actors (detached).")
+    ray_up.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        required=True,
+        metavar="ADDRESS",
+        help="Ray cluster to join; none: the local one (started if absent).",
+    )
+    ray_up.add_argument("--run", default="default", help="Run name: actors are RUN/<stage>.")
+    ray_up.add_argument("--model", help="Model directory (default: trainer.model_dir).")
+    ray_up.add_argument("--run-dir", help="Config and logs; shared storage on several nodes.")
+    ray_up.add_argument("--replicas", type=int, default=2)
+    ray_up.add_argument("--replica-threads", type=int, default=1, help="torch threads (hf).")
+    ray_up.add_argument("--agent-loop-workers", type=int, default=1)
+    ray_up.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
+        ray_up.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
+    ray_up.add_argument("--steps", type=int, help="Trainer steps (trainer.max_steps).")
+    ray_up.add_argument("--wait", action="store_true", help="Block until the trainer exits.")
+    ray_up.add_argument("--timeout", type=float, help="With --wait: give up after seconds.")
+    ray_up.set_defaults(handler=cmd_up)
+    ray_down = sub.add_parser("down", help="Stop the pipeline's Ray actors and their processes.")
+    ray_down.add_argument("--ray", nargs="?", const="", default="", metavar="ADDRESS")
+    ray_down.add_argument("--run", help="Only this run (default: every run).")
+    ray_down.add_argument("--grace", type=float, default=20.0, help="Seconds before SIGKILL.")
+    ray_down.set_defaults(handler=cmd_down)
 
     add_bench_parsers(sub)
 

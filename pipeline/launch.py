@@ -33,7 +33,7 @@ import yaml
 from pipeline.config import RunConfig
 from workers.llm.replicas.local import free_port
 
-__all__ = ["STAGES", "LocalPipeline", "StageProcess", "stage_plan"]
+__all__ = ["STAGES", "LocalPipeline", "StageProcess", "secret_env", "stage_plan"]
 
 log = logging.getLogger("rollout.launch")
 
@@ -88,19 +88,22 @@ def stage_plan(
     stages: tuple[str, ...] = STAGES,
     agent_loop_workers: int = 1,
     host: str = "127.0.0.1",
+    backend: str = "hf",
+    replica_args: tuple[str, ...] = (),
 ) -> list[tuple[str, list[str]]]:
     """The processes of one run as `(name, rollout CLI arguments)`, in start order.
 
     Pure: the local launcher and the Ray launcher start the same list, so both run exactly
     the commands a user would type. With more than one agent-loop worker they are named
     `agent-loop-0`, `agent-loop-1`, ... (one consumer group; Kafka shares the partitions).
+    `replica_args` are appended to every `replica serve` (e.g. `--tp 2` for vllm).
     """
     plan: list[tuple[str, list[str]]] = []
     for i, port in enumerate(replica_ports):
         url = f"http://{host}:{port}"
-        plan.append((f"replica-{i}", ["replica", "serve", "--backend", "hf", "--model", model_dir,
+        plan.append((f"replica-{i}", ["replica", "serve", "--backend", backend, "--model", model_dir,
                      "--port", str(port), "--replica-id", f"replica-{i}", "--threads",
-                     str(replica_threads), "--register"]))  # fmt: skip
+                     str(replica_threads), "--register", *replica_args]))  # fmt: skip
         plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
     commands = {
         "agent-loop": ["worker", "agent-loop", "--model", model_dir],
@@ -116,6 +119,17 @@ def stage_plan(
         else:
             plan.append((stage, commands[stage]))
     return plan
+
+
+def secret_env(cfg: RunConfig) -> dict[str, str]:
+    """Secrets travel to the children by environment, never in the config file on disk."""
+    env: dict[str, str] = {}
+    kafka = cfg.kafka
+    if kafka.sasl_password is not None:
+        env["ROLLOUT_KAFKA__SASL_PASSWORD"] = kafka.sasl_password.get_secret_value()
+    if kafka.ssl_password is not None:
+        env["ROLLOUT_KAFKA__SSL_PASSWORD"] = kafka.ssl_password.get_secret_value()
+    return env
 
 
 class LocalPipeline:
@@ -173,14 +187,7 @@ class LocalPipeline:
         return stage
 
     def _secret_env(self) -> dict[str, str]:
-        """Secrets travel to the children by environment, never in the config file on disk."""
-        env: dict[str, str] = {}
-        kafka = self.cfg.kafka
-        if kafka.sasl_password is not None:
-            env["ROLLOUT_KAFKA__SASL_PASSWORD"] = kafka.sasl_password.get_secret_value()
-        if kafka.ssl_password is not None:
-            env["ROLLOUT_KAFKA__SSL_PASSWORD"] = kafka.ssl_password.get_secret_value()
-        return env
+        return secret_env(self.cfg)
 
     def check(self) -> None:
         """Raise if any stage died (with the end of its log)."""

@@ -1,0 +1,128 @@
+"""The body of one stage's Ray actor: it starts, watches and stops one `rollout` child.
+
+`StageRunner` is a plain class (the launcher wraps it with `ray.remote`), so importing this
+module imports no Ray. The child is `python -m pipeline.ray_stage <actor pid> <rollout argv>`:
+it asks the kernel for SIGTERM when the actor that started it dies (PDEATHSIG), checks the
+actor is still its parent, then runs `pipeline.cli.main` in its own main thread, where the
+workers install their signal handlers and event loops. The child leads its own process
+group, so a stop (SIGTERM, a grace period, SIGKILL) reaches whatever it started too.
+Invariant: the actor's methods run on its main thread, the thread that started the child,
+which is the thread PDEATHSIG watches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.launch import REPO
+
+__all__ = ["StageRunner"]
+
+log = logging.getLogger("rollout.ray_stage")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StageRunner:
+    """One stage's actor: a `rollout` child process, its log, its stop."""
+
+    def __init__(self, name: str, log_path: str) -> None:
+        self.name = name
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node and a port free on all its interfaces (for a replica)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("0.0.0.0", 0))
+            port = int(sock.getsockname()[1])
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "port": port}
+
+    def start(self, cli_argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.argv = [sys.executable, "-m", "pipeline.ray_stage", str(os.getpid()), *cli_argv]
+        with self.log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                cwd=REPO,
+                start_new_session=True,  # its own process group: stop it with its children
+            )
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "stage": self.name,
+            "node": ray.util.get_node_ip_address(),
+            "pid": self.proc.pid if self.proc else None,
+            "returncode": self.poll(),
+            "log": str(self.log_path),
+        }
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL the child's group; its exit status."""
+        if self.proc is None:
+            return None
+        self.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs; killing it", self.name, grace_s)
+        self._signal(signal.SIGKILL, after_exit=True)
+        return self.proc.wait(timeout=10)
+
+    def tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+    def _signal(self, sig: int, *, after_exit: bool = False) -> None:
+        """Signal the child's process group; `after_exit`: also once the child has exited,
+        to reach what it left behind in its group."""
+        if self.proc is None or (not after_exit and self.proc.poll() is not None):
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _child_main(argv: list[str]) -> int:
+    """Entry of an actor's child: die with the actor (PDEATHSIG), then run the CLI."""
+    parent = int(argv[0])
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the actor died before the line above took effect
+        return 1
+    from pipeline.cli import main
+
+    return main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))
