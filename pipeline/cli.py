@@ -251,9 +251,10 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
     if not worker_cfg.model:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
+    metrics = _metrics("agent-loop", args)
 
     async def main() -> None:
-        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg)
+        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -263,6 +264,15 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _metrics(stage: str, args: argparse.Namespace) -> Any:
+    """The process's `StageMetrics`, served on `--metrics-port` (0 or absent: not served)."""
+    from workers.metrics import StageMetrics, TrainerMetrics
+
+    metrics = TrainerMetrics() if stage == "train" else StageMetrics(stage)  # type: ignore[arg-type]
+    metrics.serve(args.metrics_port)
+    return metrics
 
 
 def _stop_event_on_signals() -> Any:
@@ -278,13 +288,13 @@ def _stop_event_on_signals() -> Any:
 def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.reward.worker import run_worker
 
-    return int(run_worker(cfg.kafka, cfg.topics, cfg.reward) or 0)
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
 
 
 def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.replay.worker import run_worker
 
-    return int(run_worker(cfg.kafka, cfg.topics, cfg.replay) or 0)
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.replay, metrics=_metrics("replay", args)) or 0)
 
 
 def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -295,7 +305,8 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     trainer_cfg = cfg.trainer
     if args.model:
         trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
-    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, _stop_event_on_signals())
+    stop, metrics = _stop_event_on_signals(), _metrics("train", args)
+    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
     _print_json(asdict(result))
     return 0
 
@@ -303,7 +314,8 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.trainer.controller import run_controller
 
-    run_controller(cfg.kafka, cfg.topics, args.replica, _stop_event_on_signals())
+    stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
+    run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)
     return 0
 
 
@@ -496,25 +508,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
     sync.add_argument("--replica", required=True, help="The replica's URL.")
+    _add_metrics_port(sync)
     sync.set_defaults(handler=cmd_replica_sync)
 
     train = sub.add_parser("train", help="The off-policy trainer on the replay topic.")
     train.add_argument("--model", help="Model directory (trainer.model_dir).")
+    _add_metrics_port(train)
     train.set_defaults(handler=cmd_train)
 
     worker = sub.add_parser("worker", help="Pipeline stages.")
     wsub = worker.add_subparsers(dest="stage", required=True)
     agent = wsub.add_parser("agent-loop", help="rl.prompts → agent loops → rl.turns.")
     agent.add_argument("--model", help="Model directory for the tokenizer (agent_loop.model).")
+    _add_metrics_port(agent)
     agent.add_argument(
         "--replica", action="append", help="Replica URL (repeat); default: discover."
     )
     agent.set_defaults(handler=cmd_worker_agent_loop)
     reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
+    _add_metrics_port(reward)
     reward.set_defaults(handler=cmd_worker_reward)
     replay = wsub.add_parser(
         "replay", help="rl.scored → groups, staleness, advantages → rl.replay."
     )
+    _add_metrics_port(replay)
     replay.set_defaults(handler=cmd_worker_replay)
 
     overview = sub.add_parser("status", help="Lag, rates, policy version, replicas, dead letters.")
@@ -562,6 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parsers(sub)
 
     return parser
+
+
+def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: off).",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

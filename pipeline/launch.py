@@ -90,6 +90,7 @@ def stage_plan(
     host: str = "127.0.0.1",
     backend: str = "hf",
     replica_args: tuple[str, ...] = (),
+    metrics_ports: dict[str, int] | None = None,
 ) -> list[tuple[str, list[str]]]:
     """The processes of one run as `(name, rollout CLI arguments)`, in start order.
 
@@ -97,6 +98,8 @@ def stage_plan(
     the commands a user would type. With more than one agent-loop worker they are named
     `agent-loop-0`, `agent-loop-1`, ... (one consumer group; Kafka shares the partitions).
     `replica_args` are appended to every `replica serve` (e.g. `--tp 2` for vllm).
+    `metrics_ports` maps process names (not replicas: they serve `/metrics` on their own
+    port) to the `--metrics-port` each gets.
     """
     plan: list[tuple[str, list[str]]] = []
     for i, port in enumerate(replica_ports):
@@ -118,7 +121,19 @@ def stage_plan(
             plan.extend((f"agent-loop-{i}", commands[stage]) for i in range(agent_loop_workers))
         else:
             plan.append((stage, commands[stage]))
-    return plan
+    return _with_metrics_ports(plan, metrics_ports or {})
+
+
+def _with_metrics_ports(
+    plan: list[tuple[str, list[str]]], ports: dict[str, int]
+) -> list[tuple[str, list[str]]]:
+    names = {name for name, _ in plan if not name.startswith("replica-")}
+    if unknown := sorted(set(ports) - names):
+        raise ValueError(f"no process takes --metrics-port: {', '.join(unknown)}")
+    return [
+        (name, [*argv, "--metrics-port", str(ports[name])] if name in ports else argv)
+        for name, argv in plan
+    ]
 
 
 def secret_env(cfg: RunConfig) -> dict[str, str]:
@@ -146,6 +161,7 @@ class LocalPipeline:
         stages: tuple[str, ...] = STAGES,
         extra_env: dict[str, str] | None = None,
         agent_loop_workers: int = 1,
+        metrics: bool = False,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -157,6 +173,8 @@ class LocalPipeline:
         self.agent_loop_workers = agent_loop_workers
         self.processes: list[StageProcess] = []
         self.replica_urls: list[str] = []
+        self.metrics = metrics  # each non-replica process serves /metrics on a free port
+        self.metrics_ports: dict[str, int] = {}
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -175,6 +193,10 @@ class LocalPipeline:
             stages=self.stages,
             agent_loop_workers=self.agent_loop_workers,
         )
+        if self.metrics:
+            names = [name for name, _ in plan if not name.startswith("replica-")]
+            self.metrics_ports = {name: free_port() for name in names}
+            plan = _with_metrics_ports(plan, self.metrics_ports)
         for name, argv in plan:
             self._add(name, [*base, *argv], env)
         return self

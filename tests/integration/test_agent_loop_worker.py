@@ -100,6 +100,23 @@ async def test_bad_prompts_go_to_the_dlq_and_the_rest_flows(
         lambda: worker.counters["trajectories"] >= 1 and worker.counters["dead_letters"] >= 3,
     )
     assert worker.counters["dead_letters"] == 3
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in worker.metrics.registry.collect()
+        for s in fam.samples
+    }
+    stage = ("stage", "agent-loop")
+    prompts_topic, dlq = topics_config.name("prompts"), topics_config.name("dlq")
+    assert samples["rollout_messages_consumed_total", (stage, ("topic", prompts_topic))] == 4
+    assert samples["rollout_messages_produced_total", (stage, ("topic", dlq))] == 3
+    letters_by_reason = {
+        dict(labels)["reason"]: v
+        for (name, labels), v in samples.items()
+        if name == "rollout_dead_letters_total"
+    }
+    assert sum(letters_by_reason.values()) == 3 and letters_by_reason["DecodeError"] == 1
+    assert samples["rollout_trajectory_latency_seconds_count", (stage,)] >= 1
+    assert samples["rollout_turn_latency_seconds_count", (stage,)] >= 1
 
     consumer = make_consumer(kafka_config, topics_config.name("dlq"), group_id=None)
     letters = []

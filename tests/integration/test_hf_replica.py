@@ -284,6 +284,9 @@ async def test_logprobs_match_a_separate_forward_pass(
         "rollout_replica_prefix_cache_queries_total",
         "rollout_replica_prefix_cache_hits_total",
         "rollout_replica_policy_version",
+        "rollout_replica_in_flight",
+        "rollout_replica_prefix_cache_hit_rate",
     ):
         assert name in metrics and 'replica="t0"' in metrics[name], name
+    assert 0 < float(metrics["rollout_replica_prefix_cache_hit_rate"].split()[-1]) <= 1
     assert float(metrics["rollout_replica_prefix_cache_hits_total"].split()[-1]) >= len(p2) + 39

@@ -20,6 +20,7 @@ import yaml
 from tests.conftest import REPO, ReplicaProcess
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce, read_all
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.metrics import TrainerMetrics
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.config import TrainerConfig
 from workers.trainer.metrics import effective_steps, effective_trajectory_ids
@@ -50,8 +51,17 @@ def test_steps_checkpoint_and_publish(
     groups = make_groups(tiny_model, 8, prefix="a")
     produce(kafka_config, topics_config.name("replay"), groups)
     cfg = _config(tiny_model, tmp_path, max_steps=4)
-    result = run_trainer(kafka_config, topics_config, cfg)
+    metrics = TrainerMetrics()
+    result = run_trainer(kafka_config, topics_config, cfg, metrics=metrics)
     assert result.version == 4 and result.steps == 4 and result.stopped_by == "max_steps"
+    value = metrics.registry.get_sample_value
+    train = {"stage": "train"}
+    assert value("rollout_trainer_steps_total", train) == 4
+    assert value("rollout_policy_version", train) == 4
+    assert value("rollout_staleness_count", train) == 8  # 2 groups a step, when trained
+    policy, replay = topics_config.name("policy"), topics_config.name("replay")
+    assert value("rollout_messages_consumed_total", {**train, "topic": replay}) == 8
+    assert value("rollout_messages_produced_total", {**train, "topic": policy}) == 2
 
     steps = effective_steps(cfg.metrics_path)
     assert sorted(steps) == [1, 2, 3, 4]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -39,13 +40,14 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError, RolloutError
 from schemas.events import PolicyVersion, PromptEvent, ReplicaInfo, TurnEvent
 from workers.agent_loop.admission import AdmissionGate
-from workers.agent_loop.base import AgentContext, get_agent_loop
+from workers.agent_loop.base import AgentContext, TurnRecord, get_agent_loop
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.exceptions import BadRequestError
+from workers.metrics import StageMetrics
 
 __all__ = ["AgentLoopWorker"]
 
@@ -79,6 +81,7 @@ class AgentLoopWorker:
         llm: Any = None,
         tokenizer: Any = None,
         tools: dict[str, Any] | None = None,
+        metrics: StageMetrics | None = None,
     ) -> None:
         self.kafka = kafka
         self.topics = topics
@@ -92,11 +95,17 @@ class AgentLoopWorker:
         self._tasks: dict[TopicPartition, dict[int, asyncio.Task[None]]] = defaultdict(dict)
         self._samples_in_flight = 0
         self._policy_version = 0  # latest version the trainer published
+        self._generated_version = 0  # newest version a replica generated one of our turns with
         self._next_version_probe = 0.0
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        self.metrics = metrics or StageMetrics("agent-loop")
+        self.metrics.watch(
+            in_flight=lambda: self._samples_in_flight,
+            policy_version=lambda: max(self._policy_version, self._generated_version),
+        )
 
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (what SIGTERM does)."""
@@ -228,6 +237,7 @@ class AgentLoopWorker:
         self.tracker.start(tp, record.offset)
         self.gate.admit()
         self.counters["prompts_started"] += 1
+        self.metrics.consumed(record.topic)
         task = asyncio.create_task(self._process(tp, record))
         self._tasks[tp][record.offset] = task
 
@@ -287,10 +297,19 @@ class AgentLoopWorker:
     async def _run_sample(self, loop_cls: type, prompt: PromptEvent, index: int, n: int) -> None:
         cfg = self.config
         emitter = TurnEmitter(self._send_turn, prompt, index, uuid.uuid4().hex[:16], n)
+        started = last = time.monotonic()
+
+        async def on_turn(record: TurnRecord) -> None:
+            nonlocal last
+            now = time.monotonic()
+            self.metrics.observe_turn(now - last)  # one turn: a generation or a tool call
+            last = now
+            await emitter.on_turn(record)
+
         context = AgentContext(
             llm=self.llm,
             tokenizer=self.tokenizer,
-            on_turn=emitter.on_turn,
+            on_turn=on_turn,
             tools=self.tools or {},
             max_prompt_length=cfg.loops.max_prompt_length,
             max_response_length=cfg.loops.max_response_length,
@@ -306,10 +325,13 @@ class AgentLoopWorker:
         )
         await emitter.finish(output)
         self.counters["trajectories"] += 1
+        self.metrics.observe_trajectory(time.monotonic() - started)
 
     async def _send_turn(self, event: TurnEvent) -> asyncio.Future[Any]:
         assert self.producer is not None
         self.counters["turns"] += 1
+        self.metrics.produced(self.topics.name("turns"))
+        self._generated_version = max(self._generated_version, event.max_global_steps)
         future: asyncio.Future[Any] = await self.producer.send(
             self.topics.name("turns"),
             key=event.trajectory_id.encode(),
@@ -340,6 +362,7 @@ class AgentLoopWorker:
             exc,
         )
         self.counters["dead_letters"] += 1
+        self.metrics.dead_letter(letter.error_class, self.topics.name("dlq"))
         future = await self.producer.send(
             self.topics.name("dlq"), key=record.key, value=record.value, headers=letter.headers()
         )

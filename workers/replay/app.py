@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.faust_app import make_faust_app
+from workers.metrics import StageMetrics
 from workers.replay.batch import GroupProcessor, Routes
 from workers.replay.config import ReplayConfig
 from workers.replay.ledger import GroupLedger
@@ -64,6 +65,7 @@ class ReplayStage:
         config: ReplayConfig,
         *,
         source_partitions: int,
+        metrics: StageMetrics | None = None,
     ) -> None:
         self.kafka = kafka
         self.config = config
@@ -75,6 +77,7 @@ class ReplayStage:
         self.tick_topic = config.tick_topic
         self.partitions = source_partitions
         self.stats = ReplayStats(config.stats_path)
+        self.metrics = metrics or StageMetrics("replay")
         timeout = config.session_timeout_s
         self.app = make_faust_app(
             kafka,
@@ -105,6 +108,10 @@ class ReplayStage:
         self.policy: PolicyTracker | None = None
         self.processor: GroupProcessor | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self.metrics.watch(
+            in_flight=lambda: self.processor.open_groups if self.processor else 0,
+            policy_version=lambda: self.policy.version if self.policy else 0,
+        )
         self._assigned: frozenset[int] | None = None
         self._in_batch = False
         self._last_log = time.monotonic()
@@ -139,7 +146,7 @@ class ReplayStage:
         )
         self.processor = GroupProcessor(
             self.config, self.table, self.stats, routes,
-            producer=self.producer, ledger=self.ledger, policy=self.policy,
+            producer=self.producer, ledger=self.ledger, policy=self.policy, metrics=self.metrics,
         )  # fmt: skip
         self._ticker = asyncio.create_task(self._tick_forever(), name="replay-ticker")
         self.app.on_before_shutdown.connect(self._on_shutdown)

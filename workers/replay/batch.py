@@ -38,6 +38,7 @@ from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory
+from workers.metrics import StageMetrics
 from workers.replay.config import ReplayConfig
 from workers.replay.groups import Decision, PendingGroup, judge
 from workers.replay.ledger import GroupLedger
@@ -78,6 +79,7 @@ class GroupProcessor:
         producer: AIOKafkaProducer,
         ledger: GroupLedger,
         policy: PolicyTracker,
+        metrics: StageMetrics | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -86,7 +88,13 @@ class GroupProcessor:
         self.producer = producer
         self.ledger = ledger
         self.policy = policy
+        self.metrics = metrics or StageMetrics("replay")
         self._open: dict[str, GroupState] = {}  # uid → unfinished group of an owned partition
+
+    @property
+    def open_groups(self) -> int:
+        """Groups of owned partitions waiting for samples (or for their output's ack)."""
+        return len(self._open)
 
     def reindex(self, assigned: frozenset[int]) -> None:
         """After a rebalance (and the table's recovery): the unfinished groups we own now."""
@@ -107,6 +115,7 @@ class GroupProcessor:
                 self.stats.add("ticks")
                 continue
             self.stats.add("samples")
+            self.metrics.consumed(message.topic)
             try:
                 sample = decode_as(event.value, ScoredTrajectory)
                 if message.key != sample.uid.encode():
@@ -252,6 +261,7 @@ class GroupProcessor:
             )  # fmt: skip
             self.stats.add("groups_complete" if group.complete else "groups_partial")
             self.stats.observe_staleness(decision.staleness)
+            self.metrics.observe_staleness(decision.staleness)
             topic = self.topics.replay if decision.drop is None else self.topics.stale
             judged.append((state, decision, topic, self.ledger.partition_for(topic, state.uid)))
         ends = await self.ledger.end_offsets({(t, p) for _, _, t, p in judged}) if judged else {}
@@ -280,6 +290,7 @@ class GroupProcessor:
             self.stats.add(f"dropped_{decision.drop}")
         else:
             self.stats.add("emitted")
+        self.metrics.produced(topic)
         return await self.producer.send(
             topic,
             encode(group),
@@ -305,6 +316,7 @@ class GroupProcessor:
             "dead-lettering %s[%d]@%d: %s (%s)",
             letter.topic, letter.partition, letter.offset, letter.error_message[:200], exc.cause,
         )  # fmt: skip
+        self.metrics.dead_letter(letter.error_class, self.topics.dlq)
         return await self.producer.send(
             self.topics.dlq, letter.value, key=letter.key, headers=letter.headers()
         )

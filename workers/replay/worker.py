@@ -10,6 +10,7 @@ uncommitted samples are redelivered and the stage de-duplicates).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -18,6 +19,9 @@ from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.replay.config import ReplayConfig
 from workers.replay.exceptions import ReplayError
+
+if TYPE_CHECKING:
+    from workers.metrics import StageMetrics
 
 __all__ = ["ensure_tick_topic", "run_worker", "topic_partitions"]
 
@@ -75,8 +79,17 @@ def ensure_tick_topic(kafka: KafkaConfig, topics: TopicsConfig, name: str, parti
         )
 
 
-def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: ReplayConfig) -> int:
-    """Run the replay stage in this process until it is stopped; the exit status."""
+def run_worker(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    config: ReplayConfig,
+    *,
+    metrics: StageMetrics | None = None,
+) -> int:
+    """Run the replay stage in this process until it is stopped; the exit status.
+
+    `metrics`: the process's `StageMetrics("replay")` (served by the caller), else its own.
+    """
     scored = topics.name("scored")
     partitions = topic_partitions(kafka, scored)
     if partitions is None:
@@ -90,7 +103,7 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: ReplayConfig) -
 
     from workers.replay.app import ReplayStage
 
-    stage = ReplayStage(kafka, topics, config, source_partitions=partitions)
+    stage = ReplayStage(kafka, topics, config, source_partitions=partitions, metrics=metrics)
     log.info(
         "replay stage %s on %s (%d partitions), n=%d", config.app_id, scored, partitions, config.n
     )

@@ -46,6 +46,7 @@ from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.faust_app import make_faust_app
+from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
@@ -76,6 +77,7 @@ class RewardStage:
         *,
         source_partitions: int,
         tokenizer: Any | None,
+        metrics: StageMetrics | None = None,
     ) -> None:
         self.kafka = kafka
         self.config = config
@@ -84,6 +86,10 @@ class RewardStage:
         self.dlq_topic = topics.name("dlq")
         self.tokenizer = tokenizer
         self.stats = RewardStats(config.stats_path)
+        # Fed where `stats` counts; in flight = trajectories with turns seen, not yet finished.
+        self.metrics = metrics or StageMetrics("reward")
+        self._assembling: set[bytes] = set()
+        self.metrics.watch(in_flight=lambda: len(self._assembling))
         timeout = config.session_timeout_s
         self.app = make_faust_app(
             kafka,
@@ -215,6 +221,7 @@ class RewardStage:
         decoded: list[tuple[Any, TurnEvent, bytes]] = []
         for event in events:
             self.stats.add("turns")
+            self.metrics.consumed(self.turns_topic_name)
             try:
                 turn = decode_as(event.value, TurnEvent)
                 key = event.message.key
@@ -351,6 +358,7 @@ class RewardStage:
         if pending:
             await asyncio.gather(*pending)
         self.stats.timing("t_emit", mark)
+        self._observe_outputs(outputs, {key: draft.started_at for key, _, draft in drafts})
 
         # Phase 3: DONE markers (not awaited: a lost one leaves EMITTING, which resolves).
         for key, _, outcome in outputs:
@@ -361,7 +369,23 @@ class RewardStage:
             self._finish(states, key, "dead_lettered", first[key].partition)
         for write in self._background:
             await write
+        for key, state in states.items():
+            if state is not None and state.status == "assembling":
+                self._assembling.add(key)
+            else:
+                self._assembling.discard(key)
         self._after_batch(started)
+
+    def _observe_outputs(
+        self, outputs: list[tuple[bytes, ScoredTrajectory, str]], started: dict[bytes, float | None]
+    ) -> None:
+        """Acknowledged outputs: counted, and timed from their turn 0's creation."""
+        now = time.time()
+        for key, _, _ in outputs:
+            self.metrics.produced(self.scored_topic)
+            first_turn = started.get(key)
+            if first_turn is not None:
+                self.metrics.observe_trajectory(now - first_turn)
 
     def _finish(
         self, states: dict[bytes, TrajectoryState | None], key: bytes, outcome: str, partition: int
@@ -412,6 +436,7 @@ class RewardStage:
             letter.topic, letter.partition, letter.offset,
             letter.error_class, letter.error_cause, letter.error_message[:200],
         )  # fmt: skip
+        self.metrics.dead_letter(letter.error_class, self.dlq_topic)
         return await self.producer.send(
             self.dlq_topic, letter.value, key=letter.key, headers=letter.headers()
         )

@@ -177,6 +177,7 @@ class Assembled:
     ground_truth: str | None
     extra_info: dict[str, Any]
     data_source: str
+    started_at: float | None = None  # unix time of turn 0 (its `created_at`)
 
 
 def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None) -> Assembled:
@@ -241,4 +242,5 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         ground_truth=reward_spec.ground_truth if reward_spec is not None else None,
         extra_info=dict(first.extra_info or {}),
         data_source=first.data_source,
+        started_at=first.created_at,
     )

@@ -9,11 +9,14 @@ lost: uncommitted turns are redelivered and the stage de-duplicates).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.reward.config import RewardConfig
 from workers.reward.exceptions import RewardError
+
+if TYPE_CHECKING:
+    from workers.metrics import StageMetrics
 
 __all__ = ["load_tokenizer", "run_worker", "source_partitions"]
 
@@ -44,8 +47,17 @@ def load_tokenizer(path: str) -> Any:
         raise RewardError(f"cannot load the tokenizer from {path}: {exc}") from exc
 
 
-def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig) -> int:
-    """Run the reward stage in this process until it is stopped; the exit status."""
+def run_worker(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    config: RewardConfig,
+    *,
+    metrics: StageMetrics | None = None,
+) -> int:
+    """Run the reward stage in this process until it is stopped; the exit status.
+
+    `metrics`: the process's `StageMetrics("reward")` (served by the caller), else its own.
+    """
     missing = config.missing_for_start()
     if missing:
         raise RewardError(missing)
@@ -54,7 +66,9 @@ def run_worker(kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig) -
 
     partitions = source_partitions(kafka, topics.name("turns"))
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-    stage = RewardStage(kafka, topics, config, source_partitions=partitions, tokenizer=tokenizer)
+    stage = RewardStage(
+        kafka, topics, config, source_partitions=partitions, tokenizer=tokenizer, metrics=metrics
+    )
     log.info(
         "reward stage %s on %s (%d partitions)", config.app_id, topics.name("turns"), partitions
     )

@@ -46,6 +46,7 @@ from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.dlq import DeadLetterQueue
 from workers.kafka.exceptions import KafkaUnavailableError
+from workers.metrics import StageMetrics
 from workers.trainer.batching import TrajectoryBatch, collate, collate_groups, grpo_advantages
 from workers.trainer.exceptions import ConsumerClosedError
 
@@ -107,6 +108,7 @@ class TrajectoryConsumer:
         assign: bool = False,
         positions: Mapping[str, int] | None = None,
         name: str = "trajectory-consumer",
+        metrics: StageMetrics | None = None,
         **consumer_overrides: Any,
     ) -> None:
         if topic not in _KINDS:
@@ -114,6 +116,7 @@ class TrajectoryConsumer:
         self.kind = _KINDS[topic]
         self.topic = topics.name(topic)
         self.name = name
+        self.metrics = metrics  # counts records fetched and dead letters, when given
         self._kafka = kafka
         self._dlq_topic = topics.name("dlq")
         self._dlq: DeadLetterQueue | None = None
@@ -310,6 +313,8 @@ class TrajectoryConsumer:
         for tp, records in batches.items():
             for record in records:
                 entry: Item | None = None
+                if self.metrics is not None:
+                    self.metrics.consumed(record.topic)
                 try:
                     event = decode(record.value)
                     if not isinstance(event, self.kind):
@@ -335,6 +340,8 @@ class TrajectoryConsumer:
                     )
                 except DecodeError as exc:
                     pending.append(self._dead_letters().send(record, exc))
+                    if self.metrics is not None:
+                        self.metrics.dead_letter(type(exc).__name__, self._dlq_topic)
                 self._buffer.append((tp, record.offset + 1, entry))
         for future in pending:
             future.get(timeout=30)

@@ -38,6 +38,7 @@ from schemas.errors import DecodeError
 from schemas.events import PolicyVersion
 from workers.kafka.clients import make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.metrics import StageMetrics
 
 __all__ = ["ReplicaSync", "main", "run_controller"]
 
@@ -135,10 +136,16 @@ def run_controller(
     poll_timeout_s: float = 1.0,
     health_interval_s: float = 5.0,
     request_timeout_s: float = 600.0,
+    metrics: StageMetrics | None = None,
 ) -> ReplicaSync:
-    """Keep `replica_url` on the newest policy version until `stop_event` is set."""
+    """Keep `replica_url` on the newest policy version until `stop_event` is set.
+
+    `metrics` (stage "sync") counts the policy records read and knows the newest version.
+    """
     sync = ReplicaSync(replica_url, request_timeout_s=request_timeout_s)
     topic = topics.name("policy")
+    metrics = metrics or StageMetrics("sync")
+    metrics.watch(policy_version=lambda: sync.newest.version if sync.newest else 0)
     consumer = make_consumer(kafka, group_id=None, name="replica-sync")
     try:
         deadline = time.monotonic() + 30
@@ -155,6 +162,7 @@ def run_controller(
         while not stop_event.is_set():
             for records in consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).values():
                 for record in records:
+                    metrics.consumed(topic)
                     if record.value is None:
                         continue
                     try:

@@ -45,6 +45,7 @@ from schemas.codec import encode, headers_for
 from schemas.events import PolicyVersion, TrainingGroup
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.metrics import TrainerMetrics
 from workers.trainer.checkpoint import (
     TrainerState,
     load_latest,
@@ -89,8 +90,10 @@ class Trainer:
         config: TrainerConfig,
         *,
         stop_event: threading.Event | None = None,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         self.kafka, self.topics, self.config = kafka, topics, config
+        self.metrics = metrics or TrainerMetrics()
         self.stop_event = stop_event or threading.Event()
         self.root = Path(config.checkpoint_dir).resolve()
         self.run_id = uuid.uuid4().hex[:12]
@@ -133,6 +136,7 @@ class Trainer:
 
     def run(self) -> TrainerResult:
         self._load()
+        self.metrics.watch(policy_version=lambda: self.state.version)
         result = TrainerResult(version=self.state.version, steps=0)
         self.steplog = StepLog(self.config.metrics_path)
         self.producer = make_producer(self.kafka, name="trainer")
@@ -144,6 +148,7 @@ class Trainer:
             assign=True,
             positions=self.state.positions,
             name="trainer",
+            metrics=self.metrics,
         )
         self.steplog.write(
             {"event": "start", "run": self.run_id, "version": self.state.version,
@@ -249,6 +254,7 @@ class Trainer:
             (HEADER_STALE_VERSION, str(version).encode()),
             (HEADER_STALE_STALENESS, str(staleness).encode()),
         ]
+        self.metrics.produced(self.topics.name("stale"))
         return self.producer.send(
             self.topics.name("stale"), key=item.event.uid, value=item.value, headers=headers
         )
@@ -291,6 +297,9 @@ class Trainer:
             "uids": [g.uid for g in groups],
         }
         self.steplog.write(record)
+        self.metrics.step(metrics, record["reward_mean"])
+        for g in groups:
+            self.metrics.observe_staleness(version - g.min_global_steps)
         log.info(
             "step %d: loss %.4f clipfrac %.3f is_w mean %.4f [%.4f, %.4f] entropy %.3f "
             "staleness %s groups %d",
@@ -333,6 +342,7 @@ class Trainer:
             future.get(timeout=30)
         except KafkaError as exc:
             raise PublishError(f"PolicyVersion {st.version} not acknowledged: {exc}") from exc
+        self.metrics.produced(self.topics.name("policy"))
         self.consumer.commit(st.positions)
         self.steplog.write(
             {"event": "checkpoint", "run": self.run_id, "version": st.version, "path": str(path),
@@ -348,6 +358,8 @@ def run_trainer(
     topics: TopicsConfig,
     config: TrainerConfig,
     stop_event: threading.Event | None = None,
+    *,
+    metrics: TrainerMetrics | None = None,
 ) -> TrainerResult:
     """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`)."""
-    return Trainer(kafka, topics, config, stop_event=stop_event).run()
+    return Trainer(kafka, topics, config, stop_event=stop_event, metrics=metrics).run()

@@ -14,7 +14,8 @@ Invariants:
   `{"error": {"message", "type"}}`; nothing a client sends stops the server.
 - A client that disconnects mid-generation has its request aborted (handler cancellation).
 - `/metrics` reads the engine's live counters at scrape time from a registry of this server's
-  own, so several replicas in one process never share or clash on metrics.
+  own, so several replicas in one process never share or clash on metrics; the names are
+  `workers.metrics.replica_families`, the same for every backend.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from pydantic import ValidationError
 
 from workers.llm.contract import (
@@ -41,6 +42,7 @@ from workers.llm.contract import (
     UpdateWeightsRequest,
 )
 from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, WeightLoadError
+from workers.metrics import replica_families
 
 if TYPE_CHECKING:
     from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
@@ -65,32 +67,15 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         e, stats = self.engine, self.engine.stats
-        gauges = (
-            ("rollout_replica_running_requests", "Requests in the running batch.", e.running),
-            ("rollout_replica_waiting_requests", "Requests queued or held by a pause.", e.waiting),
-            ("rollout_replica_policy_version", "Policy version of the served weights.", e.version),
+        yield from replica_families(
+            self.replica,
+            running=e.running,
+            waiting=e.waiting,
+            generated_tokens=stats.generated_tokens,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            policy_version=e.version,
         )
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=["replica"])
-            g.add_metric([self.replica], value)
-            yield g
-        counters = (
-            ("rollout_replica_generated_tokens", "Tokens sampled.", stats.generated_tokens),
-            (
-                "rollout_replica_prefix_cache_queries",
-                "Prompt tokens looked up in the prefix cache.",
-                stats.prefix_cache_queries,
-            ),
-            (
-                "rollout_replica_prefix_cache_hits",
-                "Prompt tokens served from the prefix cache.",
-                stats.prefix_cache_hits,
-            ),
-        )
-        for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=["replica"])
-            c.add_metric([self.replica], value)
-            yield c
 
 
 def _error(status: int, message: str, kind: str, version: int) -> web.Response:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -46,6 +46,7 @@ from workers.llm.contract import (
     FinishReason,
 )
 from workers.llm.replicas.exceptions import BackendError
+from workers.metrics import replica_families
 
 __all__ = [
     "FINISH_REASONS",
@@ -265,42 +266,15 @@ class _Snapshot(Collector):
 
 def render_replica_metrics(metrics: VLLMMetrics, *, replica_id: str, policy_version: int) -> bytes:
     """The contract's `rollout_replica_*` Prometheus text for one scrape."""
-    labels = [replica_id]
-
-    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-        fam = GaugeMetricFamily(name, doc, labels=["replica"])
-        fam.add_metric(labels, value)
-        return fam
-
-    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-        fam = CounterMetricFamily(name, doc, labels=["replica"])
-        fam.add_metric(labels, value)
-        return fam
-
-    families: list[Metric] = [
-        gauge("rollout_replica_running_requests", "Requests being generated.", metrics.running),
-        gauge("rollout_replica_waiting_requests", "Requests queued.", metrics.waiting),
-        counter(
-            "rollout_replica_generated_tokens",
-            "Tokens generated.",
-            metrics.generated_tokens,
-        ),
-        counter(
-            "rollout_replica_prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            metrics.prefix_cache_queries,
-        ),
-        counter(
-            "rollout_replica_prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            metrics.prefix_cache_hits,
-        ),
-        gauge(
-            "rollout_replica_policy_version",
-            "Policy version of the loaded weights.",
-            float(policy_version),
-        ),
-    ]
+    families = replica_families(
+        replica_id,
+        running=metrics.running,
+        waiting=metrics.waiting,
+        generated_tokens=metrics.generated_tokens,
+        prefix_cache_queries=metrics.prefix_cache_queries,
+        prefix_cache_hits=metrics.prefix_cache_hits,
+        policy_version=float(policy_version),
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(families))
     return generate_latest(registry)

@@ -1,0 +1,256 @@
+"""Prometheus metrics of the pipeline's processes: one interface, one set of names.
+
+Every long-running stage process holds one `StageMetrics(stage)` (the trainer a
+`TrainerMetrics`) and feeds it where its own counters count; `serve(port)` exposes it at
+`http://HOST:PORT/metrics` from a daemon thread. Replicas serve `replica_families(...)` on
+their own HTTP port instead. The names are a contract (the Grafana dashboard and the
+Prometheus config are built on them); `NAMES` lists every family:
+
+    rollout_messages_consumed_total{stage,topic}     counter   records read from a topic
+    rollout_messages_produced_total{stage,topic}     counter   records written (rl.dlq too)
+    rollout_dead_letters_total{stage,reason}         counter   reason: the error's class name
+    rollout_in_flight_samples{stage}                 gauge     work held, per stage's meaning
+    rollout_turn_latency_seconds{stage}              histogram agent-loop: one turn
+    rollout_trajectory_latency_seconds{stage}        histogram whole trajectory
+    rollout_staleness{stage}                         histogram versions, buckets 0..8
+    rollout_policy_version{stage}                    gauge     latest version the process knows
+    rollout_trainer_steps_total{stage}               counter   (trainer only, stage="train")
+    rollout_trainer_loss / _reward_mean{stage}       gauge     of the last step
+    rollout_trainer_importance_weight_mean / _max{stage}  gauge  truncated IS weights, last step
+    rollout_replica_*{replica}                       (replicas: see `replica_families`)
+
+Invariants: every stage family carries exactly the label `stage`, one of `STAGES`, fixed per
+object; each object has a registry of its own (no module-level state), so several in one
+process (tests, a launcher) never clash. Gauges that mirror state the stage already keeps
+are read at scrape time (`watch`), never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Literal, get_args
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from schemas.errors import RolloutError
+
+__all__ = [
+    "NAMES",
+    "STAGES",
+    "MetricsServerError",
+    "Stage",
+    "StageMetrics",
+    "TrainerMetrics",
+    "replica_families",
+]
+
+log = logging.getLogger("rollout.metrics")
+
+Stage = Literal["agent-loop", "reward", "replay", "train", "sync"]
+STAGES: tuple[str, ...] = get_args(Stage)
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+STALENESS_BUCKETS = tuple(float(v) for v in range(9))  # 0..8 versions, then +Inf
+
+NAMES = (
+    "rollout_messages_consumed_total",
+    "rollout_messages_produced_total",
+    "rollout_dead_letters_total",
+    "rollout_in_flight_samples",
+    "rollout_turn_latency_seconds",
+    "rollout_trajectory_latency_seconds",
+    "rollout_staleness",
+    "rollout_policy_version",
+    "rollout_trainer_steps_total",
+    "rollout_trainer_loss",
+    "rollout_trainer_reward_mean",
+    "rollout_trainer_importance_weight_mean",
+    "rollout_trainer_importance_weight_max",
+    "rollout_replica_in_flight",
+    "rollout_replica_running_requests",
+    "rollout_replica_waiting_requests",
+    "rollout_replica_generated_tokens_total",
+    "rollout_replica_prefix_cache_queries_total",
+    "rollout_replica_prefix_cache_hits_total",
+    "rollout_replica_prefix_cache_hit_rate",
+    "rollout_replica_policy_version",
+)
+
+
+class MetricsServerError(RolloutError):
+    """The metrics endpoint could not be started (port taken, bad address)."""
+
+
+class StageMetrics:
+    """The metrics of one stage process; see the module docstring for the names."""
+
+    def __init__(self, stage: Stage) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+        self.stage = stage
+        self.registry = CollectorRegistry()
+        self._server: WSGIServer | None = None
+        r, by_stage = self.registry, ["stage"]
+        self._consumed = Counter(
+            "rollout_messages_consumed", "Records consumed.", [*by_stage, "topic"], registry=r
+        )
+        self._produced = Counter(
+            "rollout_messages_produced", "Records produced.", [*by_stage, "topic"], registry=r
+        )
+        self._dead = Counter(
+            "rollout_dead_letters", "Records sent to the DLQ.", [*by_stage, "reason"], registry=r
+        )
+        self._in_flight = Gauge(
+            "rollout_in_flight_samples", "Work in progress in this stage.", by_stage, registry=r
+        )
+        self._version = Gauge(
+            "rollout_policy_version", "Latest policy version this process knows.", by_stage,
+            registry=r,
+        )  # fmt: skip
+        self._turn = Histogram(
+            "rollout_turn_latency_seconds", "Seconds per turn.", by_stage,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._trajectory = Histogram(
+            "rollout_trajectory_latency_seconds", "Seconds per trajectory.", by_stage,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._staleness = Histogram(
+            "rollout_staleness", "Policy versions behind, per group or sample.", by_stage,
+            buckets=STALENESS_BUCKETS, registry=r,
+        )  # fmt: skip
+
+    # --- feeding ----------------------------------------------------------------------
+
+    def consumed(self, topic: str, n: int = 1) -> None:
+        self._consumed.labels(self.stage, topic).inc(n)
+
+    def produced(self, topic: str, n: int = 1) -> None:
+        self._produced.labels(self.stage, topic).inc(n)
+
+    def dead_letter(self, reason: str, topic: str | None = None) -> None:
+        """One record dead-lettered for `reason` (an error class name); with `topic` (the
+        dead-letter topic) it is counted as produced there too."""
+        self._dead.labels(self.stage, reason).inc()
+        if topic is not None:
+            self.produced(topic)
+
+    def observe_turn(self, seconds: float) -> None:
+        self._turn.labels(self.stage).observe(max(0.0, seconds))
+
+    def observe_trajectory(self, seconds: float) -> None:
+        self._trajectory.labels(self.stage).observe(max(0.0, seconds))
+
+    def observe_staleness(self, versions: int) -> None:
+        self._staleness.labels(self.stage).observe(versions)
+
+    def watch(
+        self,
+        *,
+        in_flight: Callable[[], float] | None = None,
+        policy_version: Callable[[], float] | None = None,
+    ) -> None:
+        """Read these gauges from the stage's own state at scrape time (called once)."""
+        if in_flight is not None:
+            self._in_flight.labels(self.stage).set_function(in_flight)
+        if policy_version is not None:
+            self._version.labels(self.stage).set_function(policy_version)
+
+    # --- serving ----------------------------------------------------------------------
+
+    def serve(self, port: int | None, host: str = "0.0.0.0") -> int:
+        """Serve `/metrics` on `port` from a daemon thread; the port, or 0 when off (0/None)."""
+        if not port:
+            return 0
+        if self._server is not None:
+            raise MetricsServerError(f"{self.stage} metrics already served")
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise MetricsServerError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+        bound = int(self._server.server_port)
+        log.info("%s metrics at http://%s:%d/metrics", self.stage, host, bound)
+        return bound
+
+    def close(self) -> None:
+        """Stop serving (a process that exits need not call this: the thread is a daemon)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class TrainerMetrics(StageMetrics):
+    """`StageMetrics("train")` plus the trainer's own families."""
+
+    def __init__(self) -> None:
+        super().__init__("train")
+        r, by_stage = self.registry, ["stage"]
+        self._steps = Counter("rollout_trainer_steps", "Optimiser steps.", by_stage, registry=r)
+        self._loss = Gauge("rollout_trainer_loss", "Loss of the last step.", by_stage, registry=r)
+        self._reward = Gauge(
+            "rollout_trainer_reward_mean", "Mean score of the last step's samples.", by_stage,
+            registry=r,
+        )  # fmt: skip
+        self._is_mean = Gauge(
+            "rollout_trainer_importance_weight_mean",
+            "Mean truncated importance weight of the last step.", by_stage, registry=r,
+        )  # fmt: skip
+        self._is_max = Gauge(
+            "rollout_trainer_importance_weight_max",
+            "Largest truncated importance weight of the last step.", by_stage, registry=r,
+        )  # fmt: skip
+
+    def step(self, metrics: Mapping[str, float], reward_mean: float) -> None:
+        """One optimiser step with `train_step`'s metrics (`loss`, `is_weight_mean/max`)."""
+        self._steps.labels(self.stage).inc()
+        self._loss.labels(self.stage).set(metrics["loss"])
+        self._reward.labels(self.stage).set(reward_mean)
+        self._is_mean.labels(self.stage).set(metrics.get("is_weight_mean", float("nan")))
+        self._is_max.labels(self.stage).set(metrics.get("is_weight_max", float("nan")))
+
+
+def replica_families(
+    replica_id: str,
+    *,
+    running: float,
+    waiting: float,
+    generated_tokens: float,
+    prefix_cache_queries: float,
+    prefix_cache_hits: float,
+    policy_version: float,
+) -> list[Metric]:
+    """The replica contract's `rollout_replica_*{replica}` families, for one scrape.
+
+    Every backend renders these (from its engine's live counters), so the names and the
+    derived values (in flight = running + waiting; hit rate = hits / queries, 0 before any
+    query) are the same whatever serves the model.
+    """
+    labels = [replica_id]
+
+    def family(kind: type[Metric], name: str, doc: str, value: float) -> Metric:
+        fam = kind(name, doc, labels=["replica"])
+        fam.add_metric(labels, value)  # type: ignore[attr-defined]
+        return fam
+
+    rate = prefix_cache_hits / prefix_cache_queries if prefix_cache_queries else 0.0
+    g, c = GaugeMetricFamily, CounterMetricFamily
+    return [
+        family(g, "rollout_replica_in_flight", "Requests running or waiting.", running + waiting),
+        family(g, "rollout_replica_running_requests", "Requests in the running batch.", running),
+        family(g, "rollout_replica_waiting_requests", "Requests queued or paused.", waiting),
+        family(c, "rollout_replica_generated_tokens", "Tokens sampled.", generated_tokens),
+        family(
+            c, "rollout_replica_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.", prefix_cache_queries,
+        ),
+        family(
+            c, "rollout_replica_prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.", prefix_cache_hits,
+        ),
+        family(g, "rollout_replica_prefix_cache_hit_rate", "Hits / queries since start.", rate),
+        family(g, "rollout_replica_policy_version", "Version of the served weights.", policy_version),
+    ]  # fmt: skip
