@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 ROLLOUT := $(VENV)/bin/rollout
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
+LOAD_MINUTES ?= 10
 
 .PHONY: install test test-unit lint demo chaos load clean kafka-up kafka-down
 
@@ -34,6 +35,17 @@ lint: install
 
 demo: install
 	$(PY) -m pipeline.demo
+
+# Soak: the whole pipeline at its highest sustained rate; exits non-zero on a dead process,
+# a dead letter, or memory growth of 20% or more from minute 2 to the end.
+load: install
+	$(ROLLOUT) load --minutes $(LOAD_MINUTES)
+
+# The chaos suite: 2000 samples through every stage while each is killed (and a worker
+# stopped, and the broker restarted); ends with `lost=0 duplicated=0` or fails.
+CHAOS_ARGS ?=
+chaos: install
+	$(ROLLOUT) chaos $(CHAOS_ARGS)
 
 kafka-up: install
 	$(ROLLOUT) kafka up

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.cli import add_bench_parsers
+from pipeline.chaos.__main__ import add_arguments as add_chaos_arguments
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
+from pipeline.load.cli import add_load_parser
 from schemas.errors import RolloutError
 
 __all__ = ["build_parser", "main"]
@@ -332,6 +334,12 @@ def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_chaos(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.chaos.__main__ import main_with
+
+    return main_with(args)
+
+
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
@@ -548,6 +556,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=cmd_demo)
 
+    chaos = sub.add_parser(
+        "chaos", help="Kill, stop and restart every stage; account for every sample."
+    )
+    add_chaos_arguments(chaos)
+    chaos.set_defaults(handler=cmd_chaos)
+
     ray_up = sub.add_parser("up", help="Start the whole pipeline as Ray actors (detached).")
     ray_up.add_argument(
         "--ray",
@@ -577,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     ray_down.set_defaults(handler=cmd_down)
 
     add_bench_parsers(sub)
+    add_load_parser(sub)
 
     return parser
 

@@ -94,6 +94,17 @@ def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_pipeline(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.end_to_end import run
+
+    result = run(
+        cfg.kafka, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
+        replicas=args.replicas, raw_messages=args.raw_messages, model_dir=args.model,
+    )  # fmt: skip
+    _emit(result, args.json)
+    return 0
+
+
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
@@ -153,3 +164,12 @@ def add_bench_parsers(sub: Any) -> None:
     agent_bench.add_argument("--model", help="Model directory (default: build the tiny model).")
     agent_bench.add_argument("--json", action="store_true")
     agent_bench.set_defaults(handler=cmd_bench_agent_loop)
+    e2e = bsub.add_parser("pipeline", help="End-to-end trajectories/s, 1 and 2 agent-loop workers.")
+    e2e.add_argument("--prompts", type=int, default=48)
+    e2e.add_argument("--n", type=int, default=4, help="Samples per prompt.")
+    e2e.add_argument("--max-tokens", type=int, default=16)
+    e2e.add_argument("--replicas", type=int, default=2)
+    e2e.add_argument("--raw-messages", type=int, default=5000, help="Baseline message count.")
+    e2e.add_argument("--model", help="Model directory (default: build the tiny model).")
+    e2e.add_argument("--json", action="store_true")
+    e2e.set_defaults(handler=cmd_bench_pipeline)

@@ -1,0 +1,58 @@
+"""`python -m pipeline.chaos`: the chaos suite (the same as `rollout chaos`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from pipeline.chaos.faults import DEFAULT_FAULTS
+from pipeline.chaos.run import ChaosOptions, run_chaos
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--samples", type=int, default=2000, help="Samples (prompts × n).")
+    parser.add_argument("--n", type=int, default=4, help="Samples per prompt.")
+    parser.add_argument("--workers", type=int, default=2, help="Agent-loop worker processes.")
+    parser.add_argument("--replicas", type=int, default=2, help="hf replicas.")
+    parser.add_argument("--fault", action="append", dest="faults", metavar="FAULT",
+                        help=f"kill:|term:|stop:<process> or broker (repeat); default: {' '.join(DEFAULT_FAULTS)}")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="Picks the faults' order and moments.")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="Give up after (s).")
+    parser.add_argument(
+        "--bootstrap-existing", dest="existing", help="Use this broker (no broker fault)."
+    )
+    parser.add_argument("--run-dir", help="Keep the run here (default: a temporary directory).")
+    parser.add_argument("--json", action="store_true", help="Print the report as JSON too.")
+
+
+def main_with(args: argparse.Namespace) -> int:
+    for noisy in ("kafka", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    opts = ChaosOptions(
+        samples=args.samples, n=args.n, agent_loop_workers=args.workers, replicas=args.replicas,
+        faults=tuple(args.faults) if args.faults else DEFAULT_FAULTS, seed=args.seed,
+        timeout_s=args.timeout, bootstrap=args.existing, run_dir=args.run_dir,
+    )  # fmt: skip
+    report = run_chaos(opts)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "table"}))
+    print(f"faults fired: {', '.join(f['fault'] for f in report['faults_fired']) or 'none'}")
+    if report["faults_not_fired"]:
+        print(f"faults NOT fired: {', '.join(report['faults_not_fired'])}")
+    print(f"restarts by the supervisor: {report['restarts'] or 'none'}")
+    print(f"run: {report['run_dir']} ({report['wall_s']} s)")
+    print(report["table"])
+    return 0 if report["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.chaos", description=__doc__)
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return main_with(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

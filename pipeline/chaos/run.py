@@ -1,0 +1,315 @@
+"""One chaos run: the whole pipeline, faults at random moments, then exactly-once accounting.
+
+`run_chaos(ChaosOptions(...))`:
+
+1. a broker of its own (so it may restart it) unless `bootstrap` names one, topics under a
+   fresh prefix, the tiny policy model;
+2. `samples / n` prompts (n samples each) produced up front;
+3. every stage as its own process (`LocalPipeline`, 2 agent-loop workers by default), with
+   this driver as their supervisor: a process that exits on its own (a stage that lost the
+   broker exits on purpose, so nothing half-done is committed) is started again, as
+   systemd or Kubernetes would;
+4. the faults of `faults.schedule`, one at a time, as the share of samples scored
+   passes each trigger (the share scored: it moves smoothly; training comes in steps);
+5. drain until every sample is accounted for (or `timeout_s`), stop the pipeline cleanly,
+   and account (`accounting.account`) from the trainer's step log and the stale and
+   dead-letter topics.
+
+The trainer takes one group per step, so the last groups never wait for a batch to fill.
+Returns a report dict with the accounting table; `ok` is `lost == 0 and duplicated == 0`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.chaos.accounting import Accounting, account, expected_ids
+from pipeline.chaos.faults import DEFAULT_FAULTS, Fault, schedule
+from pipeline.config import RunConfig, load_config
+from workers.kafka.config import KafkaConfig
+
+__all__ = ["ChaosOptions", "run_chaos"]
+
+log = logging.getLogger("rollout.chaos")
+
+
+@dataclass
+class ChaosOptions:
+    samples: int = 2000
+    n: int = 4
+    agent_loop_workers: int = 2
+    replicas: int = 2
+    faults: tuple[str, ...] = DEFAULT_FAULTS
+    seed: int = 0
+    timeout_s: float = 1800.0
+    stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
+    max_tokens: int = 8
+    max_staleness: int = 8
+    fault_gap_s: float = 8.0  # at least this long, and some progress, between two faults
+    bootstrap: str | None = None
+    run_dir: str | None = None
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def chaos_config(
+    opts: ChaosOptions, bootstrap: str, prefix: str, model: Path, run: Path
+) -> RunConfig:
+    stale = opts.max_staleness
+    return load_config(
+        None,
+        {
+            "kafka": {"bootstrap_servers": bootstrap},
+            "topics": {"prefix": prefix},
+            "agent_loop": {
+                "group_id": f"{prefix}agent-loop", "model": str(model), "n": opts.n,
+                "max_samples_in_flight": 32, "commit_interval_s": 0.5,
+                "sampling": {"max_tokens": opts.max_tokens, "temperature": 1.0},
+                "llm": {"health_interval_s": 1.0},
+                "admission": {"max_staleness": stale, "train_batch_size": 1},
+            },
+            "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model), "session_timeout_s": 10,
+                       "data_dir": str(run / "reward"), "batch_within_s": 0.1, "commit_interval_s": 0.5},
+            "replay": {"app_id": f"{prefix}replay", "n": opts.n, "data_dir": str(run / "replay"),
+                       "max_staleness": stale, "batch_within_s": 0.1, "commit_interval_s": 0.5},
+            "trainer": {"model_dir": str(model), "checkpoint_dir": str(run / "ckpt"),
+                        "group_id": f"{prefix}trainer", "train_batch_size": 1, "sync_every": 1,
+                        "max_staleness": stale, "torch_threads": 1, "lr": 1e-4, "keep_checkpoints": 2},
+            **opts.extra,
+        },
+    )  # fmt: skip
+
+
+def _read_topic(kafka: KafkaConfig, topic: str) -> list[Any]:
+    """Every record on `topic` now, from the beginning (no consumer group)."""
+    from kafka import TopicPartition
+
+    from workers.kafka.clients import make_consumer
+
+    consumer = make_consumer(kafka, group_id=None, name="chaos-audit")
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        records: list[Any] = []
+        deadline = time.monotonic() + 120
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} took over 120 s")
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+        return records
+    finally:
+        consumer.close()
+
+
+def _produced(kafka: KafkaConfig, topic: str) -> int:
+    """Records ever written to `topic` (the sum of its end offsets)."""
+    from kafka import TopicPartition
+
+    from workers.kafka.clients import make_consumer
+
+    consumer = make_consumer(kafka, group_id=None, name="chaos-progress")
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(tps).values()) if tps else 0
+    finally:
+        consumer.close()
+
+
+def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
+    from schemas.codec import decode_as
+    from schemas.events import TrainingGroup
+    from workers.trainer.metrics import effective_trajectory_ids
+
+    metrics = Path(cfg.trainer.metrics_file or Path(cfg.trainer.checkpoint_dir) / "metrics.jsonl")
+    trained = effective_trajectory_ids(metrics, upto) if metrics.exists() else []
+    stale: list[str] = []
+    for record in _read_topic(cfg.kafka, cfg.topics.name("stale")):
+        group = decode_as(record.value, TrainingGroup)
+        stale.extend(s.trajectory_id for s in group.samples)
+    letters = [
+        r.key.decode("utf-8", "replace")
+        for r in _read_topic(cfg.kafka, cfg.topics.name("dlq"))
+        if r.key is not None
+    ]
+    return account(expected, trained, stale, letters)
+
+
+class _Broker:
+    """The run's own broker, which the `broker` fault restarts (same port, same data)."""
+
+    def __init__(self, home: Path) -> None:
+        from workers.llm.replicas.local import free_port
+
+        self.port = free_port()
+        self.data = home / "kafka"
+        self.bootstrap = ""
+
+    def start(self) -> None:
+        from pipeline.kafka_local import start_broker
+
+        self.bootstrap = start_broker(self.port, self.data, quiet=True).bootstrap
+
+    def stop(self, purge: bool = False) -> None:
+        from pipeline.kafka_local import stop_broker
+
+        stop_broker(self.port, purge=purge)
+
+
+class _Supervisor:
+    """Restarts what exits on its own; counts every start by process name."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self.restarts: dict[str, int] = {}
+        self.held: set[str] = set()  # being faulted: do not restart behind the fault's back
+
+    def tick(self) -> None:
+        for proc in self.pipe.processes:
+            if proc.name in self.held or proc.alive:
+                continue
+            code = proc.proc.returncode if proc.proc is not None else None
+            log.warning("%s exited (%s); starting it again", proc.name, code)
+            self.pipe.restart(proc.name)
+            self.restarts[proc.name] = self.restarts.get(proc.name, 0) + 1
+
+
+def _inject(
+    fault: Fault, pipe: Any, sup: _Supervisor, broker: _Broker | None, stop_s: float
+) -> dict[str, Any]:
+    started = time.monotonic()
+    if fault.kind == "broker":
+        if broker is None:
+            raise ValueError("the broker fault needs the run's own broker (no --bootstrap)")
+        broker.stop()
+        time.sleep(2.0)
+        broker.start()
+    else:
+        proc = pipe.process(fault.target)
+        sup.held.add(proc.name)
+        try:
+            if fault.kind == "stop":
+                proc.signal(signal.SIGSTOP)
+                time.sleep(stop_s)
+                proc.signal(signal.SIGCONT)
+            else:
+                proc.signal(signal.SIGKILL if fault.kind == "kill" else signal.SIGTERM)
+                deadline = time.monotonic() + 60
+                while proc.alive and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if proc.alive:
+                    proc.signal(signal.SIGKILL)
+                    time.sleep(0.5)
+                pipe.restart(proc.name)
+        finally:
+            sup.held.discard(proc.name)
+    return {
+        "fault": fault.name,
+        "trigger": fault.trigger,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
+    from pipeline.data import arithmetic_rows
+    from pipeline.launch import LocalPipeline
+    from pipeline.producer import PromptProducer
+    from pipeline.topics import create_topics
+    from workers.llm.model_init import init_model
+
+    started = time.monotonic()
+    run = Path(opts.run_dir or tempfile.mkdtemp(prefix="rollout-chaos-"))
+    run.mkdir(parents=True, exist_ok=True)
+    broker: _Broker | None = None
+    if opts.bootstrap is None:
+        os.environ.setdefault("ROLLOUT_HOME", str(run / "home"))
+        broker = _Broker(run)
+        broker.start()
+    bootstrap = opts.bootstrap or (broker.bootstrap if broker else "")
+    prefix = f"chaos-{uuid.uuid4().hex[:8]}."
+    try:
+        model = init_model(run / "model", "tiny", seed=opts.seed)
+        cfg = chaos_config(opts, bootstrap, prefix, model, run)
+        create_topics(cfg.kafka, cfg.topics)
+        prompts = -(-opts.samples // opts.n)
+        rows = arithmetic_rows(prompts, seed=opts.seed)
+        with PromptProducer(cfg.kafka, cfg.topics) as producer:
+            producer.produce_rows(rows, uid_prefix="chaos")
+        expected = expected_ids([r["uid"] for r in rows], opts.n)
+        plan = schedule(list(opts.faults), opts.seed)
+        log.info("chaos: %d samples, faults %s", len(expected), [(f.name, f.trigger) for f in plan])
+        fired: list[dict[str, Any]] = []
+        timeline: list[tuple[float, int, int]] = []
+        pipe = LocalPipeline(cfg, run / "run", model_dir=str(model), replicas=opts.replicas,
+                             agent_loop_workers=opts.agent_loop_workers)  # fmt: skip
+        with pipe:
+            sup = _Supervisor(pipe)
+            deadline = started + opts.timeout_s
+            result = audit(cfg, expected)
+            scored = 0
+            last_audit = last_fault = time.monotonic()
+            progress_at_fault = -1
+            while time.monotonic() < deadline:
+                sup.tick()
+                if time.monotonic() - last_audit > 3.0:
+                    result = audit(cfg, expected)
+                    last_audit = time.monotonic()
+                    scored = _produced(cfg.kafka, cfg.topics.name("scored"))
+                    timeline.append(
+                        (round(time.monotonic() - started, 1), scored, result.accounted)
+                    )
+                    if opts.progress:
+                        print(f"  {timeline[-1][0]:7.1f}s scored {scored} trained/accounted "
+                              f"{result.accounted}/{result.expected} restarts {sup.restarts}",
+                              flush=True)  # fmt: skip
+                # Faults fire on the share scored: it moves smoothly, training comes in steps.
+                share = max(scored, result.accounted) / max(1, result.expected)
+                settled = (
+                    time.monotonic() - last_fault >= opts.fault_gap_s
+                    and max(scored, result.accounted) > progress_at_fault
+                )
+                if plan and share >= plan[0].trigger and settled:
+                    fault = plan.pop(0)
+                    log.info("chaos: %s at %.0f%%", fault.name, 100 * share)
+                    if opts.progress:
+                        print(f"  fault {fault.name} at {100 * share:.0f}%", flush=True)
+                    fired.append(_inject(fault, pipe, sup, broker, opts.stop_s))
+                    fired[-1]["share"] = round(share, 3)
+                    last_fault = time.monotonic()
+                    progress_at_fault = max(scored, result.accounted)
+                if not plan and result.accounted >= result.expected:
+                    break
+                time.sleep(0.5)
+            # Let late duplicates (a resumed SIGSTOPped worker, a redelivery) surface.
+            time.sleep(5.0)
+            sup.tick()
+        from workers.trainer.checkpoint import load_latest
+
+        latest = load_latest(cfg.trainer.checkpoint_dir)
+        final = audit(cfg, expected, upto=latest.state.version if latest is not None else 0)
+        return {
+            "ok": final.ok and not plan,
+            "samples": len(expected),
+            "faults_fired": fired,
+            "faults_not_fired": [f.name for f in plan],
+            "restarts": sup.restarts,
+            "accounting": final.as_dict(),
+            "table": final.table(),
+            "wall_s": round(time.monotonic() - started, 1),
+            "run_dir": str(run),
+            "timeline": timeline[-20:],
+        }
+    finally:
+        if broker is not None:
+            broker.stop(purge=True)
