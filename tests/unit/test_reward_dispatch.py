@@ -276,3 +276,23 @@ async def test_gsm8k_items_are_scored_from_the_decoded_tail() -> None:
     )  # fmt: skip
     (score,) = await d.score_batch([item(long_wrong_then_right)])
     assert isinstance(score, Score) and score.value == 1.0
+
+
+def test_the_fast_detokenizer_decodes_like_transformers(tmp_path) -> None:
+    from workers.llm.model_init import build_tokenizer
+    from workers.reward.worker import FastDetokenizer, load_tokenizer
+
+    reference = build_tokenizer()
+    reference.save_pretrained(tmp_path)
+    fast = load_tokenizer(str(tmp_path))
+    assert isinstance(fast, FastDetokenizer)
+    rng = np.random.default_rng(3)
+    special = list(reference.all_special_ids)
+    ids = [[*rng.integers(0, len(reference), 200).tolist(), *special] for _ in range(5)]
+    for skip in (True, False):
+        assert fast.batch_decode(ids, skip_special_tokens=skip) == reference.batch_decode(
+            ids, skip_special_tokens=skip
+        )
+    with pytest.raises(RewardError, match="cannot load the tokenizer"):
+        (tmp_path / "tokenizer.json").write_text("{not json")
+        load_tokenizer(str(tmp_path))

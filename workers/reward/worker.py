@@ -9,6 +9,7 @@ lost: uncommitted turns are redelivered and the stage de-duplicates).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -18,7 +19,7 @@ from workers.reward.exceptions import RewardError
 if TYPE_CHECKING:
     from workers.metrics import StageMetrics
 
-__all__ = ["load_tokenizer", "run_worker", "source_partitions"]
+__all__ = ["FastDetokenizer", "load_tokenizer", "run_worker", "source_partitions"]
 
 log = logging.getLogger("rollout.reward")
 
@@ -38,12 +39,37 @@ def source_partitions(kafka: KafkaConfig, topic: str) -> int:
     raise RewardError(f"topic {topic} does not exist (run `rollout topics create`)")
 
 
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
+class FastDetokenizer:
+    """`batch_decode` straight from a `tokenizer.json` with the `tokenizers` library.
 
+    The stage only turns token ids back into text; loading the same file through
+    transformers' AutoTokenizer imports torch, which made a restarted reward worker take
+    tens of seconds on a busy machine before it read its first record.
+    """
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        texts: list[str] = self._tokenizer.decode_batch(
+            ids, skip_special_tokens=skip_special_tokens
+        )
+        return texts
+
+
+def load_tokenizer(path: str) -> Any:
+    """A detokenizer for the model at `path`: its `tokenizer.json` if it has one, else
+    transformers' AutoTokenizer (slow tokenizers, remote formats)."""
+    fast = Path(path) / "tokenizer.json"
     try:
+        if fast.is_file():
+            return FastDetokenizer(fast)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # tokenizers raises plain Exception on a bad file
         raise RewardError(f"cannot load the tokenizer from {path}: {exc}") from exc
 
 
