@@ -241,3 +241,18 @@ def test_controller_moves_a_replica_to_the_published_version(
         assert sync.applied == [1]  # type: ignore[attr-defined]
     finally:
         replica.stop()
+
+
+def test_a_resumed_trainer_outlives_the_pruning_of_the_checkpoint_it_resumed_from(
+    kafka_config: KafkaConfig, topics_config: TopicsConfig, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Each checkpoint copies its tokenizer files from the one before: never from the
+    checkpoint a restart resumed from, which keep_checkpoints=2 prunes two saves later."""
+    produce(kafka_config, topics_config.name("replay"), make_groups(tiny_model, 10, prefix="r"))
+    cfg = _config(tiny_model, tmp_path, max_steps=1, sync_every=1, keep_checkpoints=2)
+    assert run_trainer(kafka_config, topics_config, cfg).version == 1
+    resumed = run_trainer(kafka_config, topics_config, cfg.model_copy(update={"max_steps": 5}))
+    assert resumed.version == 5 and resumed.steps == 4
+    latest = load_latest(cfg.checkpoint_dir)
+    assert latest is not None and (latest.path / "tokenizer.json").is_file()
+    assert not (Path(cfg.checkpoint_dir) / "step-1").exists()  # pruned while it ran

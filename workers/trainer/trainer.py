@@ -325,6 +325,9 @@ class Trainer:
                 optimizer=self.optimizer,
             )
             self.checkpointed = st.version
+            # The tokenizer files of the next checkpoint come from this one: the checkpoint
+            # a restarted trainer resumed from is pruned a few checkpoints later.
+            self.source = path
             prune(self.root, self.config.keep_checkpoints)
         event = PolicyVersion(
             version=st.version,
