@@ -255,7 +255,7 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
     metrics = _metrics("agent-loop", args)
 
-    async def main() -> None:
+    async def main() -> int:
         worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -263,9 +263,11 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         if early_stop.is_set():
             worker.stop()
         await worker.run()
+        # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
+        # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
+        return 75 if worker.counters["prompts_failed"] else 0
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())
 
 
 def _metrics(stage: str, args: argparse.Namespace) -> Any:

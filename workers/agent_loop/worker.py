@@ -20,6 +20,9 @@ Delivery (at-least-once, de-duplicated downstream):
   rest, commit, close.
 - A prompt that cannot be processed (not a PromptEvent, unknown agent, prompt too long,
   tool config error, a replica's 4xx) goes to the dead-letter topic with its reason.
+- A prompt that fails for reasons not its own (replicas unreachable past every retry, the
+  broker refusing its turns) is never dead-lettered: it stays unfinished, the worker stops
+  (`rollout worker agent-loop` exits 75) and the prompt is redelivered after a restart.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, KafkaError
 
 from schemas.codec import decode, decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
@@ -46,6 +49,7 @@ from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.exceptions import KafkaUnavailableError
 from workers.llm.exceptions import BadRequestError
 from workers.metrics import StageMetrics
 
@@ -256,6 +260,10 @@ class AgentLoopWorker:
                 self.gate.observe_dropped()
             except RolloutError:
                 raise
+            except KafkaError as exc:
+                # The broker failed us (a restart, a leader election), not the prompt: never
+                # dead-letter it; leave it unfinished so it is redelivered after a restart.
+                raise KafkaUnavailableError(f"producing turns: {exc!r}") from exc
             except Exception as exc:  # a bug in a loop or a tool: this prompt, not the worker
                 log.exception("prompt at %s[%d]@%d raised", tp.topic, tp.partition, record.offset)
                 await self._dead_letter(
