@@ -27,7 +27,7 @@ from schemas.events import PolicyVersion, ReplicaInfo
 from workers.kafka.clients import make_admin, make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["pipeline_status", "render_status"]
+__all__ = ["consumer_lag", "pipeline_status", "render_status"]
 
 
 def _partitions(admin: Any, topics: list[str]) -> list[TopicPartition]:
@@ -84,6 +84,37 @@ def _health(address: str) -> dict[str, Any]:
         return {"healthy": False, "version": None}
 
 
+def _group_lags(
+    committed: dict[Any, Any], ends: dict[TopicPartition, int], names: set[str]
+) -> dict[str, dict[str, dict[str, int]]]:
+    """group → topic → committed, end and lag (end − committed), summed over partitions."""
+    groups: dict[str, dict[str, dict[str, int]]] = {}
+    for group, offsets in committed.items():
+        for tp, meta in (offsets or {}).items():
+            if tp.topic not in names or int(meta.offset) < 0:
+                continue
+            entry = groups.setdefault(str(group), {}).setdefault(
+                tp.topic, {"committed": 0, "end": 0, "lag": 0}
+            )
+            entry["committed"] += int(meta.offset)
+            entry["end"] += ends.get(tp, 0)
+            entry["lag"] += max(ends.get(tp, 0) - int(meta.offset), 0)
+    return groups
+
+
+def consumer_lag(kafka: KafkaConfig, topics: TopicsConfig) -> dict[str, dict[str, dict[str, int]]]:
+    """Only the consumer groups' lag (group → topic → committed, end, lag), in one pass."""
+    admin = make_admin(kafka)
+    try:
+        names = sorted(set(topics.all_names().values()) & set(admin.list_topics()))
+        ends = _offsets(admin, _partitions(admin, names), OffsetSpec.LATEST)
+        group_ids = [_group_id(g) for g in admin.list_groups()]
+        committed = admin.list_group_offsets({str(g): None for g in group_ids}) if group_ids else {}
+    finally:
+        admin.close()
+    return _group_lags(committed, ends, set(names))
+
+
 def pipeline_status(
     kafka: KafkaConfig, topics: TopicsConfig, *, interval_s: float = 2.0
 ) -> dict[str, Any]:
@@ -112,17 +143,7 @@ def pipeline_status(
         )
         for name in names
     }
-    groups: dict[str, dict[str, dict[str, int]]] = {}
-    for group, offsets in committed.items():
-        for tp, meta in (offsets or {}).items():
-            if tp.topic not in by_topic or int(meta.offset) < 0:
-                continue
-            entry = groups.setdefault(str(group), {}).setdefault(
-                tp.topic, {"committed": 0, "end": 0, "lag": 0}
-            )
-            entry["committed"] += int(meta.offset)
-            entry["end"] += ends.get(tp, 0)
-            entry["lag"] += max(ends.get(tp, 0) - int(meta.offset), 0)
+    groups = _group_lags(committed, ends, set(by_topic))
 
     version: int | None = None
     for value in _compacted(kafka, topics.name("policy")).values():
