@@ -52,7 +52,7 @@ class ChaosOptions:
     timeout_s: float = 1800.0
     stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
     max_tokens: int = 8
-    max_staleness: int = 8
+    max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
     fault_gap_s: float = 8.0  # at least this long, and some progress, between two faults
     bootstrap: str | None = None
     run_dir: str | None = None
