@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.common import bench_broker, tiny_model
-from pipeline.config import RunConfig, load_config
+from pipeline.config import RunConfig
 from pipeline.data import arithmetic_rows
 from pipeline.launch import LocalPipeline
+from pipeline.local_run import local_run_config
 from pipeline.producer import PromptProducer
 from pipeline.topics import create_topics, delete_topics
 from workers.kafka.config import KafkaConfig
@@ -36,26 +37,10 @@ __all__ = ["run"]
 
 def _config(kafka: KafkaConfig, prefix: str, model: str, run_dir: Path, *, n: int, batch: int,
             max_tokens: int) -> RunConfig:  # fmt: skip
-    return load_config(
-        None,
-        {
-            "kafka": kafka.model_dump(mode="json") | {"sasl_password": None, "ssl_password": None},
-            "topics": {"prefix": prefix},
-            "agent_loop": {
-                "group_id": f"{prefix}agent-loop", "model": model, "n": n,
-                "max_samples_in_flight": 64, "commit_interval_s": 0.5,
-                "sampling": {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True},
-                "llm": {"health_interval_s": 1.0},
-                "admission": {"max_staleness": None, "train_batch_size": batch},
-            },
-            "reward": {"app_id": f"{prefix}reward", "tokenizer": model, "data_dir": str(run_dir / "reward"),
-                       "batch_within_s": 0.05, "commit_interval_s": 0.5},
-            "replay": {"app_id": f"{prefix}replay", "n": n, "data_dir": str(run_dir / "replay"),
-                       "max_staleness": None, "batch_within_s": 0.05, "commit_interval_s": 0.5},
-            "trainer": {"model_dir": model, "checkpoint_dir": str(run_dir / "ckpt"), "group_id": f"{prefix}trainer",
-                        "train_batch_size": batch, "sync_every": 4, "max_staleness": None,
-                        "torch_threads": 1, "lr": 1e-5},
-        },
+    return local_run_config(
+        kafka, prefix, model, run_dir, n=n, train_batch_size=batch, max_tokens=max_tokens,
+        max_staleness=None, sync_every=4,
+        overrides={"agent_loop": {"sampling": {"ignore_eos": True}}},
     )  # fmt: skip
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from pipeline.chaos.accounting import Accounting, account, expected_ids
 from pipeline.chaos.faults import DEFAULT_FAULTS, Fault, schedule
-from pipeline.config import RunConfig, load_config
+from pipeline.config import RunConfig
+from pipeline.local_run import local_run_config, merge
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["ChaosOptions", "run_chaos"]
@@ -63,28 +64,15 @@ class ChaosOptions:
 def chaos_config(
     opts: ChaosOptions, bootstrap: str, prefix: str, model: Path, run: Path
 ) -> RunConfig:
-    stale = opts.max_staleness
-    return load_config(
-        None,
-        {
-            "kafka": {"bootstrap_servers": bootstrap},
-            "topics": {"prefix": prefix},
-            "agent_loop": {
-                "group_id": f"{prefix}agent-loop", "model": str(model), "n": opts.n,
-                "max_samples_in_flight": 32, "commit_interval_s": 0.5,
-                "sampling": {"max_tokens": opts.max_tokens, "temperature": 1.0},
-                "llm": {"health_interval_s": 1.0},
-                "admission": {"max_staleness": stale, "train_batch_size": 1},
-            },
-            "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model), "session_timeout_s": 10,
-                       "data_dir": str(run / "reward"), "batch_within_s": 0.1, "commit_interval_s": 0.5},
-            "replay": {"app_id": f"{prefix}replay", "n": opts.n, "data_dir": str(run / "replay"),
-                       "max_staleness": stale, "batch_within_s": 0.1, "commit_interval_s": 0.5},
-            "trainer": {"model_dir": str(model), "checkpoint_dir": str(run / "ckpt"),
-                        "group_id": f"{prefix}trainer", "train_batch_size": 1, "sync_every": 1,
-                        "max_staleness": stale, "torch_threads": 1, "lr": 1e-4, "keep_checkpoints": 2},
-            **opts.extra,
-        },
+    # One group a step, so the last groups never wait for a batch to fill.
+    return local_run_config(
+        KafkaConfig(bootstrap_servers=bootstrap), prefix, model, run, n=opts.n,
+        train_batch_size=1, max_tokens=opts.max_tokens, max_staleness=opts.max_staleness,
+        in_flight=32,
+        overrides=merge(
+            {"reward": {"session_timeout_s": 10}, "trainer": {"lr": 1e-4, "keep_checkpoints": 2}},
+            opts.extra,
+        ),
     )  # fmt: skip
 
 

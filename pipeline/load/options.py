@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import RunConfig, load_config
+from pipeline.config import RunConfig
+from pipeline.local_run import local_run_config
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["LoadOptions", "load_run_config"]
@@ -48,25 +49,15 @@ class LoadOptions:
 
 def load_run_config(opts: LoadOptions, kafka: KafkaConfig, prefix: str, model: str,
                     run: Path) -> RunConfig:  # fmt: skip
-    return load_config(
-        None,
-        {
-            "kafka": kafka.model_dump(mode="json") | {"sasl_password": None, "ssl_password": None},
-            "topics": {"prefix": prefix},
-            "agent_loop": {
-                "group_id": f"{prefix}agent-loop", "model": model, "n": opts.n,
-                "max_samples_in_flight": opts.in_flight, "commit_interval_s": 0.5,
-                "sampling": {"max_tokens": opts.max_tokens, "temperature": 1.0, "ignore_eos": True},
-                "llm": {"health_interval_s": 1.0},
-                "admission": {"max_staleness": opts.max_staleness,
-                              "train_batch_size": opts.train_batch_size},
-            },
-            "reward": {"app_id": f"{prefix}reward", "tokenizer": model, "data_dir": str(run / "reward"),
-                       "batch_within_s": 0.05, "commit_interval_s": 0.5},
-            "replay": {"app_id": f"{prefix}replay", "n": opts.n, "data_dir": str(run / "replay"),
-                       "max_staleness": None, "batch_within_s": 0.05, "commit_interval_s": 0.5},
-            "trainer": {"model_dir": model, "checkpoint_dir": str(run / "ckpt"), "group_id": f"{prefix}trainer",
-                        "train_batch_size": opts.train_batch_size, "sync_every": opts.sync_every,
-                        "keep_checkpoints": 2, "max_staleness": None, "torch_threads": 1, "lr": 1e-5},
+    # Admission bounds staleness at the source; replay and trainer keep every group, so a
+    # slow trainer never turns the soak's samples into drops.
+    return local_run_config(
+        kafka, prefix, model, run, n=opts.n, train_batch_size=opts.train_batch_size,
+        max_tokens=opts.max_tokens, max_staleness=opts.max_staleness, in_flight=opts.in_flight,
+        sync_every=opts.sync_every,
+        overrides={
+            "agent_loop": {"sampling": {"ignore_eos": True}},
+            "replay": {"max_staleness": None},
+            "trainer": {"max_staleness": None, "keep_checkpoints": 2},
         },
     )  # fmt: skip
