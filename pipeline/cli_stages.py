@@ -1,0 +1,195 @@
+"""The long-running processes' commands: `rollout replica serve|sync`, `rollout worker
+agent-loop|reward|replay`, `rollout train`. Each parses its config first and imports its
+stage (and torch) only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pipeline.cli_kafka import print_json
+from pipeline.config import ConfigError, RunConfig
+
+__all__ = ["add_stage_parsers"]
+
+
+def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import socket
+
+    from schemas.events import ReplicaInfo
+    from workers.llm.replicas import get_backend
+    from workers.llm.replicas.registration import ReplicaRegistration
+
+    backend = get_backend(args.backend)
+    replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
+    advertised = (
+        args.advertise
+        or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '127.0.0.1') else args.host}:{args.port}"
+    )
+    registration = None
+    if args.register:
+        info = ReplicaInfo(
+            replica_id=replica_id,
+            address=advertised,
+            backend=args.backend,
+            model=args.model,
+            version=args.version,
+        )
+        registration = ReplicaRegistration(cfg.kafka, cfg.topics.name("replicas"), info)
+        registration.start()
+    extra: dict[str, Any] = {}
+    if args.backend == "hf":
+        extra["threads"] = args.threads
+    else:
+        extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
+    try:
+        result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
+    finally:
+        if registration is not None:
+            registration.leave()
+    return int(result or 0)
+
+
+def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import asyncio
+    import signal
+
+    # A SIGTERM that arrives while the worker is still importing or connecting is a request
+    # to stop, honoured gracefully once it runs (exit 0), not a crash.
+    early_stop = _stop_event_on_signals()
+
+    from workers.agent_loop.worker import AgentLoopWorker
+
+    worker_cfg = cfg.agent_loop
+    if args.model:
+        worker_cfg = worker_cfg.model_copy(update={"model": args.model})
+    if args.replica:
+        worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
+    if not worker_cfg.model:
+        raise ConfigError("agent_loop.model (or --model) must name the model directory")
+    metrics = _metrics("agent-loop", args)
+
+    async def main() -> int:
+        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        if early_stop.is_set():
+            worker.stop()
+        await worker.run()
+        # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
+        # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
+        return 75 if worker.counters["prompts_failed"] else 0
+
+    return asyncio.run(main())
+
+
+def _metrics(stage: str, args: argparse.Namespace) -> Any:
+    """The process's `StageMetrics`, served on `--metrics-port` (0 or absent: not served)."""
+    from workers.metrics import StageMetrics, TrainerMetrics
+
+    metrics = TrainerMetrics() if stage == "train" else StageMetrics(stage)  # type: ignore[arg-type]
+    metrics.serve(args.metrics_port)
+    return metrics
+
+
+def _stop_event_on_signals() -> Any:
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.reward.worker import run_worker
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
+
+
+def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.replay.worker import run_worker
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.replay, metrics=_metrics("replay", args)) or 0)
+
+
+def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from dataclasses import asdict
+
+    from workers.trainer.trainer import run_trainer
+
+    trainer_cfg = cfg.trainer
+    if args.model:
+        trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
+    stop, metrics = _stop_event_on_signals(), _metrics("train", args)
+    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
+    print_json(asdict(result))
+    return 0
+
+
+def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.trainer.controller import run_controller
+
+    stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
+    run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)
+    return 0
+
+
+def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: off).",
+    )
+
+
+def add_stage_parsers(sub: Any) -> None:
+    replica = sub.add_parser("replica", help="Inference replicas.")
+    rsub = replica.add_subparsers(dest="action", required=True)
+    serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
+    serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
+    serve.add_argument("--model", required=True, help="Model directory.")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--replica-id")
+    serve.add_argument(
+        "--version", type=int, default=0, help="Policy version of the weights at start."
+    )
+    serve.add_argument("--threads", type=int, default=2, help="torch threads (hf).")
+    serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
+    serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
+    for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
+        serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
+    serve.set_defaults(handler=cmd_replica_serve)
+
+    sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
+    sync.add_argument("--replica", required=True, help="The replica's URL.")
+    _add_metrics_port(sync)
+    sync.set_defaults(handler=cmd_replica_sync)
+
+    train = sub.add_parser("train", help="The off-policy trainer on the replay topic.")
+    train.add_argument("--model", help="Model directory (trainer.model_dir).")
+    _add_metrics_port(train)
+    train.set_defaults(handler=cmd_train)
+
+    worker = sub.add_parser("worker", help="Pipeline stages.")
+    wsub = worker.add_subparsers(dest="stage", required=True)
+    agent = wsub.add_parser("agent-loop", help="rl.prompts → agent loops → rl.turns.")
+    agent.add_argument("--model", help="Model directory for the tokenizer (agent_loop.model).")
+    _add_metrics_port(agent)
+    agent.add_argument(
+        "--replica", action="append", help="Replica URL (repeat); default: discover."
+    )
+    agent.set_defaults(handler=cmd_worker_agent_loop)
+    reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
+    _add_metrics_port(reward)
+    reward.set_defaults(handler=cmd_worker_reward)
+    replay = wsub.add_parser(
+        "replay", help="rl.scored → groups, staleness, advantages → rl.replay."
+    )
+    _add_metrics_port(replay)
+    replay.set_defaults(handler=cmd_worker_replay)
