@@ -67,6 +67,7 @@ class FakeReplica:
         self.max_model_len = max_model_len
         self.version = 0
         self.fail_next: list[int] = []  # statuses returned (once each) by the next completions
+        self.abort_next = 0  # the next completions end at once: "abort", no token
         self.hang = False
         self.killed = False
         self.bodies: list[dict[str, Any]] = []
@@ -136,6 +137,18 @@ class FakeReplica:
             )
         await self._resume.wait()
         version, rid = self.version, body.get("request_id") or ""
+        if self.abort_next:
+            self.abort_next -= 1
+            choice = {"token_ids": [], "finish_reason": "abort", "logprobs": {"token_logprobs": []}}
+            return web.json_response(
+                {
+                    "id": rid,
+                    "created": 0,
+                    "model": "fake",
+                    "choices": [choice],
+                    "policy_version": version,
+                }
+            )
         stop = set(body.get("stop_token_ids") or ())
         abort = self._running[rid] = asyncio.Event()
         seq, out, finish = list(prompt), [], "length"
@@ -355,6 +368,19 @@ async def test_retries_exhausted(replicas: list[FakeReplica]) -> None:
             await client.generate("x1", PROMPT, {"max_tokens": 5})
     assert err.value.last_error is not None and "injected 500" in str(err.value.last_error)
     assert len(replicas[0].bodies) == 3
+
+
+async def test_aborts_without_tokens_are_resumed_but_bounded(replicas: list[FakeReplica]) -> None:
+    """Weight updates abort requests; when they come faster than a request finishes, a
+    request can be aborted many times in a row without a token: not a failure."""
+    async with client_for(replicas[:1], max_retries=1, max_idle_aborts=8) as client:
+        replicas[0].abort_next = 8
+        out = await client.generate("ab1", PROMPT, {"max_tokens": 5})
+        assert out.token_ids == reference(PROMPT, 5)
+        assert client.counters["aborts"] == 8 and client.counters["failures"] == 0
+        replicas[0].abort_next = 20
+        with pytest.raises(RetriesExhaustedError, match="9 aborts in a row"):
+            await client.generate("ab2", PROMPT, {"max_tokens": 5})
 
 
 async def test_timeout_aborts_and_moves_on(replicas: list[FakeReplica]) -> None:

@@ -12,9 +12,11 @@ Contract (what an agent loop may rely on):
 
 Retry policy:
     - aborts that made progress, or came while the replica is paused: resumed without limit;
-    - failures, and aborts without progress on an unpaused replica: at most `max_retries` in a
-      row (a piece that produces tokens resets the count), with exponential backoff and jitter; a failed request is followed by a `/health` probe of its
-      replica, which is dropped from routing at once if the probe fails too;
+    - failures: at most `max_retries` in a row (a piece that produces tokens resets the
+      count), with exponential backoff and jitter; a failed request is followed by a `/health`
+      probe of its replica, which is dropped from routing at once if the probe fails too;
+    - aborts without progress on an unpaused replica (a weight update landed between the
+      request and the pause probe): resumed, at most `max_idle_aborts` in a row;
     - 4xx: never retried, `BadRequestError` with the server's message;
     - every generation is capped at `max_total_time_s` of wall time (`GenerationTimeoutError`).
 
@@ -91,6 +93,12 @@ class LLMClientConfig(BaseModel):
         default=5,
         ge=0,
         description="Failures in a row tolerated per generate call (progress resets the count).",
+    )
+    max_idle_aborts: int = Field(
+        default=64,
+        ge=0,
+        description="Aborts in a row with no new token on a replica that is not paused "
+        "(weight updates abort requests: frequent ones are not failures).",
     )
     backoff_initial_s: float = Field(default=0.1, gt=0, description="First retry delay.")
     backoff_max_s: float = Field(default=5.0, gt=0, description="Largest retry delay.")
@@ -276,7 +284,7 @@ class LLMClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.max_total_time_s
         got = _Progress()
-        failures = 0
+        failures = idle_aborts = 0
         last_error: BaseException | None = None
         self.counters["generations"] += 1
         while True:
@@ -325,7 +333,7 @@ class LLMClient:
                     got.logprobs.extend(lps)
                     if n:
                         got.versions.append(version)
-                        failures = 0  # progress: only failures in a row are bounded
+                        failures = idle_aborts = 0  # progress: only failures in a row count
                     if choice.finish_reason != "abort":
                         return got.output(choice.finish_reason)
                     self.counters["resumes"] += 1
@@ -338,8 +346,18 @@ class LLMClient:
                         # sleep only guards against a backend that aborts waiting requests too
                         await asyncio.sleep(cfg.backoff_initial_s)
                         continue
-                    failures += 1
-                    last_error = None
+                    # Not a failure: a replica loading weights aborts what it runs, and the
+                    # trainer may publish faster than a request finishes. Bounded apart.
+                    idle_aborts += 1
+                    if idle_aborts > cfg.max_idle_aborts:
+                        raise RetriesExhaustedError(
+                            f"{request_id}: {idle_aborts} aborts in a row without a token "
+                            f"(max_idle_aborts={cfg.max_idle_aborts})",
+                            last_error=None,
+                            partial=got.output("abort"),
+                        )
+                    await asyncio.sleep(cfg.backoff_initial_s)
+                    continue
             finally:
                 self.balancer.release(rep, request_id)
             if failures > cfg.max_retries:
