@@ -20,7 +20,9 @@ The app id is also the consumer group id and the prefix of the changelog topics
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,13 @@ import faust
 
 from workers.kafka.config import KafkaConfig
 
-__all__ = ["faust_broker_credentials", "faust_broker_url", "make_faust_app", "run_faust_app"]
+__all__ = [
+    "StallGuard",
+    "faust_broker_credentials",
+    "faust_broker_url",
+    "make_faust_app",
+    "run_faust_app",
+]
 
 log = logging.getLogger("rollout.kafka.faust")
 
@@ -106,3 +114,63 @@ def run_faust_app(app: faust.App) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+class StallGuard:
+    """Re-seek a stage's source partitions when its committed offsets stop moving.
+
+    faust-streaming drops records that its fetcher reads while flow is suspended (during a
+    rebalance: the delivery to the stream is abandoned but the read offset still moves on),
+    and never fetches them again. The stage then never acknowledges them, so the committed
+    offset of that partition stays put below its end for good; seen in the chaos suite after
+    a broker restart and after a restart of the stage. Nothing is lost (those records are
+    not committed), but nothing moves either. The guard watches for exactly that state — a
+    source partition with records past its committed offset, and that offset unchanged for
+    `stall_s` — and seeks every partition back to its committed offset, so the records are
+    fetched and delivered again (the stages de-duplicate: a redelivery is harmless).
+    """
+
+    def __init__(self, app: faust.App, topics: set[str], stall_s: float) -> None:
+        self.app, self.topics, self.stall_s = app, topics, stall_s
+        self.busy = False  # a batch is being processed: never seek under it
+        self.reseeks = 0
+        self._since: dict[Any, tuple[int | None, float]] = {}  # tp → (committed, unchanged since)
+
+    def stuck(self, now: float) -> dict[Any, tuple[int | None, int]]:
+        """Source partitions behind their end whose committed offset has not moved for
+        `stall_s`: tp → (committed, end)."""
+        consumer = self.app.consumer
+        out: dict[Any, tuple[int | None, int]] = {}
+        for tp in consumer.assignment():
+            if tp.topic not in self.topics:
+                continue
+            end = consumer.highwater(tp)
+            committed = consumer._committed_offset.get(tp)  # faust keeps no public accessor
+            seen, since = self._since.get(tp, (None, now))
+            if committed != seen or tp not in self._since:
+                self._since[tp] = (committed, now)
+                continue
+            behind = end is not None and end - (committed if committed is not None else -1) > 1
+            if behind and now - since >= self.stall_s:
+                out[tp] = (committed, end)
+        return out
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(max(1.0, self.stall_s / 4))
+            if self.busy:
+                continue
+            now = time.monotonic()
+            stuck = self.stuck(now)
+            if not stuck:
+                continue
+            self.reseeks += 1
+            log.warning(
+                "committed offsets of %s have not moved for %.0fs with records past them; "
+                "seeking back to the committed offsets (re-seek %d)",
+                ", ".join(f"{tp.topic}[{tp.partition}] {c}..{e}" for tp, (c, e) in stuck.items()),
+                self.stall_s,
+                self.reseeks,
+            )
+            await self.app.consumer.perform_seek()
+            self._since.clear()

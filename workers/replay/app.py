@@ -38,7 +38,7 @@ import faust
 from aiokafka import AIOKafkaProducer
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.faust_app import make_faust_app
+from workers.kafka.faust_app import StallGuard, make_faust_app
 from workers.metrics import StageMetrics
 from workers.replay.batch import GroupProcessor, Routes
 from workers.replay.config import ReplayConfig
@@ -103,6 +103,9 @@ class ReplayStage:
             )
         )
         self.app.agent(source, name=f"{config.app_id}-agent", concurrency=1)(self._agent)
+        stall_s = max(30.0, 3 * config.session_timeout_s)
+        self._guard = StallGuard(self.app, {self.scored_topic, self.tick_topic}, stall_s)
+        self._guard_task: asyncio.Task[None] | None = None
         self.producer: AIOKafkaProducer | None = None
         self.ledger: GroupLedger | None = None
         self.policy: PolicyTracker | None = None
@@ -131,6 +134,7 @@ class ReplayStage:
             max_request_size=self.kafka.max_request_size,
         )
         await self.producer.start()
+        self._guard_task = asyncio.create_task(self._guard.run())
         self.table.producer = self.producer
         self.ledger = GroupLedger(
             self.kafka, [self.replay_topic, self.stale_topic], client_id=f"{client_id}-ledger"
@@ -185,7 +189,7 @@ class ReplayStage:
             async for events in stream.take_events(
                 self.config.batch_size, within=self.config.batch_within_s
             ):
-                self._in_batch = True
+                self._in_batch = self._guard.busy = True
                 try:
                     await self.process(list(events))
                 except Exception:
@@ -193,7 +197,7 @@ class ReplayStage:
                     # commit them: exit before it can, so they are redelivered.
                     log.critical("replay batch failed; exiting without commit", exc_info=True)
                     os._exit(EXIT_KAFKA_FAILURE)
-                self._in_batch = False
+                self._in_batch = self._guard.busy = False
         except asyncio.CancelledError:
             if self._in_batch:
                 log.critical("replay agent cancelled mid-batch; exiting without commit")

@@ -45,7 +45,7 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.faust_app import make_faust_app
+from workers.kafka.faust_app import StallGuard, make_faust_app
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
@@ -111,6 +111,8 @@ class RewardStage:
             value_type=bytes,
         )
         self.app.agent(topic, name=f"{config.app_id}-agent", concurrency=1)(self._agent)
+        self._guard = StallGuard(self.app, {self.turns_topic_name}, max(30.0, 3 * timeout))
+        self._guard_task: asyncio.Task[None] | None = None
         self._changelog = self.table.changelog_topic.get_topic_name()
         self.producer: AIOKafkaProducer | None = None
         self.ledger: OutputLedger | None = None
@@ -141,6 +143,7 @@ class RewardStage:
             max_request_size=self.kafka.max_request_size,
         )
         await self.producer.start()
+        self._guard_task = asyncio.create_task(self._guard.run())
         self.ledger = OutputLedger(self.kafka, self.scored_topic, client_id=f"{client_id}-ledger")
         await self.ledger.start(self.producer)
         if self._needs_pool():
@@ -179,7 +182,7 @@ class RewardStage:
             async for events in stream.take_events(
                 self.config.batch_size, within=self.config.batch_within_s
             ):
-                self._in_batch = True
+                self._in_batch = self._guard.busy = True
                 try:
                     await self.process(list(events))
                 except Exception:
@@ -187,7 +190,7 @@ class RewardStage:
                     # commit them: exit before it can, so they are redelivered.
                     log.critical("reward batch failed; exiting without commit", exc_info=True)
                     os._exit(EXIT_KAFKA_FAILURE)
-                self._in_batch = False
+                self._in_batch = self._guard.busy = False
         except asyncio.CancelledError:
             if self._in_batch:
                 log.critical("reward agent cancelled mid-batch; exiting without commit")
