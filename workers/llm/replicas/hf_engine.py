@@ -261,10 +261,14 @@ class HFEngine:
                         break
                     commands, self._commands = self._commands, []
                 for fn, fut in commands:
+                    if not fut.set_running_or_notify_cancel():
+                        continue  # its caller gave up first (a request that timed out): skip it
                     try:
-                        fut.set_result(fn())
-                    except Exception as exc:  # reported to the caller, who raised it
+                        result = fn()
+                    except Exception as exc:  # reported to the caller, who raises it
                         fut.set_exception(exc)
+                    else:
+                        fut.set_result(result)
                 try:
                     self._admit()
                     if self._rows:
