@@ -22,8 +22,9 @@ def start_worker(kafka_bootstrap, topics, model, replicas, group, log) -> subpro
         "--set", f"topics.prefix={topics.prefix}",
         "--set", f"agent_loop.group_id={group}",
         "--set", "agent_loop.n=2",
-        "--set", "agent_loop.sampling.max_tokens=24",
-        "--set", "agent_loop.max_samples_in_flight=8",
+        "--set", "agent_loop.sampling.max_tokens=48",
+        # Few at a time, so the run is long enough that the kill lands mid-run on a busy machine.
+        "--set", "agent_loop.max_samples_in_flight=2",
         "--set", "agent_loop.commit_interval_s=0.5",
         "worker", "agent-loop", "--model", str(model),
     ]  # fmt: skip
@@ -54,7 +55,9 @@ def test_kill_9_mid_run_loses_nothing(
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     done_before = len(finals_by_sample(turns))
-    assert 6 <= done_before < len(expected), f"the kill must land mid-run\n{log.read_text()[-3000:]}"
+    assert 6 <= done_before < len(expected), (
+        f"the kill must land mid-run\n{log.read_text()[-3000:]}"
+    )
 
     second = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
     try:
