@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 from pipeline.chaos.faults import DEFAULT_FAULTS
@@ -27,7 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print the report as JSON too.")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main_with(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: every stage and the run's broker are stopped on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     for noisy in ("kafka", "aiokafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     opts = ChaosOptions(
