@@ -52,7 +52,7 @@ class ChaosOptions:
     seed: int = 0
     timeout_s: float = 1800.0
     stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
-    max_tokens: int = 8
+    max_tokens: int = 32  # long enough a run for every fault to land while data moves
     max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
     fault_gap_s: float = 8.0  # at least this long, and some progress, between two faults
     bootstrap: str | None = None
@@ -263,9 +263,8 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                               flush=True)  # fmt: skip
                 # Faults fire on the share scored: it moves smoothly, training comes in steps.
                 share = max(scored, result.accounted) / max(1, result.expected)
-                settled = (
-                    time.monotonic() - last_fault >= opts.fault_gap_s
-                    and max(scored, result.accounted) > progress_at_fault
+                settled = time.monotonic() - last_fault >= opts.fault_gap_s and (
+                    max(scored, result.accounted) > progress_at_fault or share >= 1.0
                 )
                 if plan and share >= plan[0].trigger and settled:
                     fault = plan.pop(0)
