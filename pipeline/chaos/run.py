@@ -55,6 +55,9 @@ class ChaosOptions:
     max_tokens: int = 32  # long enough a run for every fault to land while data moves
     max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
     fault_gap_s: float = 8.0  # at least this long, and some progress, between two faults
+    # "scored": faults fire as the share of samples scored passes their triggers; "generating":
+    # each fires as soon as the replicas are generating (a short run finishes in one step).
+    trigger: str = "scored"
     bootstrap: str | None = None
     run_dir: str | None = None
     progress: bool = True
@@ -113,6 +116,22 @@ def _produced(kafka: KafkaConfig, topic: str) -> int:
         return sum(consumer.end_offsets(tps).values()) if tps else 0
     finally:
         consumer.close()
+
+
+def _generating(urls: list[str]) -> int:
+    """Requests running or waiting on the replicas now (their `/info`)."""
+    import json
+    import urllib.request
+
+    total = 0
+    for url in urls:
+        try:
+            with urllib.request.urlopen(f"{url}/info", timeout=1.0) as resp:
+                info = json.loads(resp.read())
+            total += int(info.get("running", 0)) + int(info.get("waiting", 0))
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
@@ -250,10 +269,12 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
             progress_at_fault = -1
             while time.monotonic() < deadline:
                 sup.tick()
+                # The share scored (end offsets: cheap) every turn of the loop, so a fault can
+                # land early in a short run; the full audit (reads topics) every 3 s.
+                scored = _produced(cfg.kafka, cfg.topics.name("scored"))
                 if time.monotonic() - last_audit > 3.0:
                     result = audit(cfg, expected)
                     last_audit = time.monotonic()
-                    scored = _produced(cfg.kafka, cfg.topics.name("scored"))
                     timeline.append(
                         (round(time.monotonic() - started, 1), scored, result.accounted)
                     )
@@ -263,6 +284,9 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                               flush=True)  # fmt: skip
                 # Faults fire on the share scored: it moves smoothly, training comes in steps.
                 share = max(scored, result.accounted) / max(1, result.expected)
+                scored_share = share
+                if opts.trigger == "generating":
+                    share = 1.0 if _generating(pipe.replica_urls) else 0.0
                 settled = time.monotonic() - last_fault >= opts.fault_gap_s and (
                     max(scored, result.accounted) > progress_at_fault or share >= 1.0
                 )
@@ -272,7 +296,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                     if opts.progress:
                         print(f"  fault {fault.name} at {100 * share:.0f}%", flush=True)
                     fired.append(_inject(fault, pipe, sup, broker, opts.stop_s))
-                    fired[-1]["share"] = round(share, 3)
+                    fired[-1]["share"] = round(scored_share, 3)  # of samples scored by then
                     last_fault = time.monotonic()
                     progress_at_fault = max(scored, result.accounted)
                 if not plan and result.accounted >= result.expected:
