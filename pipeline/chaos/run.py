@@ -27,6 +27,7 @@ import signal
 import tempfile
 import time
 import uuid
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,18 +105,25 @@ def _read_topic(kafka: KafkaConfig, topic: str) -> list[Any]:
         consumer.close()
 
 
-def _produced(kafka: KafkaConfig, topic: str) -> int:
-    """Records ever written to `topic` (the sum of its end offsets)."""
-    from kafka import TopicPartition
+class _Produced:
+    """Records ever written to a topic (the sum of its end offsets), read twice a second by
+    the driver's loop through one consumer kept for the run (it reconnects after a broker
+    restart) rather than a new connection each time."""
 
-    from workers.kafka.clients import make_consumer
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        from kafka import TopicPartition
 
-    consumer = make_consumer(kafka, group_id=None, name="chaos-progress")
-    try:
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        return sum(consumer.end_offsets(tps).values()) if tps else 0
-    finally:
-        consumer.close()
+        from workers.kafka.clients import make_consumer
+
+        self._consumer = make_consumer(kafka, group_id=None, name="chaos-progress")
+        parts = self._consumer.partitions_for_topic(topic) or ()
+        self._tps = [TopicPartition(topic, p) for p in parts]
+
+    def __call__(self) -> int:
+        return sum(self._consumer.end_offsets(self._tps).values()) if self._tps else 0
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def _generating(urls: list[str]) -> int:
@@ -260,7 +268,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         timeline: list[tuple[float, int, int]] = []
         pipe = LocalPipeline(cfg, run / "run", model_dir=str(model), replicas=opts.replicas,
                              agent_loop_workers=opts.agent_loop_workers)  # fmt: skip
-        with pipe:
+        with pipe, closing(_Produced(cfg.kafka, cfg.topics.name("scored"))) as produced:
             sup = _Supervisor(pipe)
             deadline = started + opts.timeout_s
             result = audit(cfg, expected)
@@ -271,7 +279,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 sup.tick()
                 # The share scored (end offsets: cheap) every turn of the loop, so a fault can
                 # land early in a short run; the full audit (reads topics) every 3 s.
-                scored = _produced(cfg.kafka, cfg.topics.name("scored"))
+                scored = produced()
                 if time.monotonic() - last_audit > 3.0:
                     result = audit(cfg, expected)
                     last_audit = time.monotonic()
