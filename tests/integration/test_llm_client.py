@@ -58,6 +58,12 @@ def reference(prompt: Sequence[int], max_tokens: int, stop: Sequence[int] = ()) 
     return out
 
 
+def _completion(rid: str, choice: dict[str, Any], version: int) -> web.Response:
+    """The fake replica's completion response: one choice, tagged with its policy version."""
+    body = {"id": rid, "created": 0, "model": "fake", "choices": [choice]}
+    return web.json_response({**body, "policy_version": version})
+
+
 class FakeReplica:
     """A deterministic test double of one replica (see module docstring)."""
 
@@ -140,15 +146,7 @@ class FakeReplica:
         if self.abort_next:
             self.abort_next -= 1
             choice = {"token_ids": [], "finish_reason": "abort", "logprobs": {"token_logprobs": []}}
-            return web.json_response(
-                {
-                    "id": rid,
-                    "created": 0,
-                    "model": "fake",
-                    "choices": [choice],
-                    "policy_version": version,
-                }
-            )
+            return _completion(rid, choice, version)
         stop = set(body.get("stop_token_ids") or ())
         abort = self._running[rid] = asyncio.Event()
         seq, out, finish = list(prompt), [], "length"
@@ -174,15 +172,7 @@ class FakeReplica:
         choice = {"token_ids": out, "finish_reason": finish}
         if body.get("logprobs") is not None:
             choice["logprobs"] = {"token_logprobs": [logprob_of(t) for t in out]}
-        return web.json_response(
-            {
-                "id": rid,
-                "created": 0,
-                "model": "fake",
-                "choices": [choice],
-                "policy_version": version,
-            }
-        )
+        return _completion(rid, choice, version)
 
     async def abort_requests(self, request: web.Request) -> web.Response:
         ids = (await request.json())["request_ids"]
