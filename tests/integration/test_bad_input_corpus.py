@@ -209,7 +209,7 @@ class StageProcess:
 def _stage_section(
     stage: str, run: str, topics: TopicsConfig, tmp: Path, model: Path
 ) -> dict[str, Any]:
-    base = {"app_id": f"{topics.prefix}app", "data_dir": str(tmp / f"faust-{topics.prefix}"),
+    base = {"app_id": f"{topics.prefix}app",
             "session_timeout_s": 6, "commit_interval_s": 1.0, "batch_size": 64}  # fmt: skip
     if stage == "replay":
         return {**base, "n": 2, "group_timeout_s": 300, "tick_interval_s": 1.0}

@@ -9,7 +9,8 @@ One secure broker of this module's own (free port, temporary data dir), started 
 - a user granted only `{prefix}prompts` (and its group) uses it but cannot read or write
   `{prefix}replay`, nor create topics;
 - a stage configured only by YAML (from `rollout kafka creds`) + `ROLLOUT_KAFKA__SASL_PASSWORD`
-  connects with kafka-python (producer, consumer, admin), aiokafka and faust.
+  connects with kafka-python (producer, consumer, admin) and aiokafka (including the
+  stages' changelog restore).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
@@ -239,15 +239,15 @@ def test_every_stage_connects_from_config_alone(
     _produce(kafka, prompts, b"from-kafka-python")
     assert _consume(kafka, prompts, "carol-kp", b"from-kafka-python")[-1] == b"from-kafka-python"
 
-    # aiokafka, and faust (whose clients are aiokafka's), from the same KafkaConfig
-    got_aio, got_faust = asyncio.run(_aiokafka_and_faust(kafka, prompts, tmp_path))
+    # aiokafka (the stream stages' client), and a stage table's restore, from the same KafkaConfig
+    got_aio, table = asyncio.run(_aiokafka_and_table(kafka, prompts))
     assert b"from-aiokafka" in got_aio
-    assert b"from-aiokafka" in got_faust and b"from-kafka-python" in got_faust
+    assert table[b"k"] == b"from-aiokafka"  # the later of the two writes of key k
 
 
-async def _aiokafka_and_faust(
-    kafka: KafkaConfig, topic: str, tmp: Path
-) -> tuple[list[bytes], list[bytes]]:
+async def _aiokafka_and_table(
+    kafka: KafkaConfig, topic: str
+) -> tuple[list[bytes], dict[bytes, bytes]]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), acks="all")
@@ -267,32 +267,24 @@ async def _aiokafka_and_faust(
             got_aio.append((await asyncio.wait_for(consumer.getone(), 20)).value)
     finally:
         await consumer.stop()
-    return got_aio, await _faust_reads(kafka, topic, tmp, want=len(got_aio))
+    return got_aio, await _table_reads(kafka, topic)
 
 
-async def _faust_reads(kafka: KafkaConfig, topic: str, tmp: Path, *, want: int) -> list[bytes]:
-    pytest.importorskip("faust")
-    from workers.kafka.faust_app import faust_broker_credentials, make_faust_app
+async def _table_reads(kafka: KafkaConfig, topic: str) -> dict[bytes, bytes]:
+    """What the stages' `ChangelogTable` restores from `topic` (every partition)."""
+    from aiokafka import AIOKafkaProducer
 
-    credentials: Any = faust_broker_credentials(kafka)
-    assert credentials is not None and credentials.mechanism.value == "SCRAM-SHA-512"
-    app = make_faust_app(kafka, "carol-faust", data_dir=tmp / "faust")
-    got: list[bytes] = []
-    done = asyncio.Event()
+    from workers.kafka.stateful import ChangelogTable
 
-    @app.agent(app.topic(topic))
-    async def collect(stream: Any) -> None:
-        async for value in stream:
-            got.append(value)
-            if len(got) >= want:
-                done.set()
-
-    await app.start()
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs())
+    await producer.start()
     try:
-        await asyncio.wait_for(done.wait(), 60)
+        partitions = await producer.partitions_for(topic)
     finally:
-        await app.stop()
-    return got
+        await producer.stop()
+    table = ChangelogTable(kafka, topic, client_id="carol-table")
+    await table.restore(partitions)
+    return table.data
 
 
 def test_credentials_file_is_reused_and_users_are_added(broker: SecureBroker) -> None:

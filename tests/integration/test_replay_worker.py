@@ -46,7 +46,6 @@ class Worker:
     def configure(self, **replay: Any) -> None:
         settings = {
             "app_id": f"{self.topics.prefix}replay",
-            "data_dir": str(self.tmp / "faust"),
             "stats_path": str(self.stats_path),
             "session_timeout_s": 6,
             "commit_interval_s": 1.0,

@@ -60,7 +60,6 @@ class Worker:
         reward = {
             "app_id": f"{topics.prefix}reward",
             "tokenizer": str(tokenizer_dir),
-            "data_dir": str(tmp / "faust"),
             "stats_path": str(self.stats_path),
             "session_timeout_s": 6,
             "commit_interval_s": 1.0,

@@ -76,7 +76,6 @@ def reward_process(
                 "reward": {
                     "app_id": f"{topics_config.prefix}reward",
                     "tokenizer": str(tokenizer[0]),
-                    "data_dir": str(tmp_path / "faust"),
                     "session_timeout_s": 6,
                     "commit_interval_s": 1.0,
                     "pool_workers": 1,

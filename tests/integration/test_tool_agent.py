@@ -44,7 +44,9 @@ async def scripted(tiny_model):
     await replica.close()
 
 
-async def test_tool_loop_masks_tool_tokens_and_round_trips(kafka_config, topics_config, tiny_model, scripted, unique) -> None:
+async def test_tool_loop_masks_tool_tokens_and_round_trips(
+    kafka_config, topics_config, tiny_model, scripted, unique
+) -> None:
     prompts = [
         PromptEvent(uid="calc", prompt=[{"role": "user", "content": "What is 2 + 3 * 4?"}],
                     data_source="openai/gsm8k", agent_name="tool_agent"),
@@ -57,14 +59,20 @@ async def test_tool_loop_masks_tool_tokens_and_round_trips(kafka_config, topics_
                     extra_info={"tool_selection": []}),
     ]  # fmt: skip
     produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
-    tools = load_tools({"tools": [{"class_name": "workers.agent_loop.tools.calculator.CalculatorTool"}]})
+    tools = load_tools(
+        {"tools": [{"class_name": "workers.agent_loop.tools.calculator.CalculatorTool"}]}
+    )
     cfg = AgentLoopWorkerConfig(
         group_id=unique("tool"), model=str(tiny_model), n=1, replicas=[scripted.address],
         sampling=SamplingParams(max_tokens=64, temperature=0.0),
     )  # fmt: skip
     worker = AgentLoopWorker(kafka_config, topics_config, cfg, tools=tools)
-    await run_worker_until(worker, lambda: worker.counters["trajectories"] >= len(prompts), timeout_s=60)
-    turns = read_turns(kafka_config, topics_config.name("turns"), until=lambda ts: len(finals_by_sample(ts)) >= 4)
+    await run_worker_until(
+        worker, lambda: worker.counters["trajectories"] >= len(prompts), timeout_s=60
+    )
+    turns = read_turns(
+        kafka_config, topics_config.name("turns"), until=lambda ts: len(finals_by_sample(ts)) >= 4
+    )
     finals = finals_by_sample(turns)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -75,7 +83,10 @@ async def test_tool_loop_masks_tool_tokens_and_round_trips(kafka_config, topics_
         response = np.concatenate([t.token_ids for t in traj]).tolist()
         mask = [t.loss_mask for t in traj for _ in t.token_ids]
         full = tokenizer.decode(traj[0].prompt_ids.tolist() + response, skip_special_tokens=False)
-        tool_text = tokenizer.decode([tok for tok, m in zip(response, mask, strict=True) if m == 0], skip_special_tokens=False)
+        tool_text = tokenizer.decode(
+            [tok for tok, m in zip(response, mask, strict=True) if m == 0],
+            skip_special_tokens=False,
+        )
         return traj, full, tool_text
 
     traj, full, tool_text = texts("calc")

@@ -53,7 +53,7 @@ def test_keys_do_not_collide() -> None:
 
 
 def test_config_checks() -> None:
-    assert ReplayConfig().tick_topic == "rollout-replay-ticks"
+    assert ReplayConfig().changelog_topic == "rollout-replay-groups-changelog"
     with pytest.raises(ValidationError, match="drop_zero_variance needs n >= 2"):
         ReplayConfig(n=1, drop_zero_variance=True)
     with pytest.raises(ValidationError, match="tick_interval_s"):
@@ -64,8 +64,11 @@ def test_config_checks() -> None:
         ReplayConfig(partial_policy="keep")
 
 
-def test_config_imports_no_faust() -> None:
-    code = "import sys, workers.replay, workers.replay.config; print('faust' in sys.modules)"
+def test_config_imports_no_kafka_client() -> None:
+    code = (
+        "import sys, workers.replay, workers.replay.config;"
+        "print('aiokafka' in sys.modules or 'kafka' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

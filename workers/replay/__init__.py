@@ -1,6 +1,6 @@
 """The replay-buffer stage: scored trajectories → training groups, staleness-aware.
 
-Light on import (config only); the faust app lives in `workers.replay.app`, the per-batch
+Light on import (config only); the stage lives in `workers.replay.app`, the per-batch
 logic in `workers.replay.batch`, the entry point in `workers.replay.worker.run_worker`.
 """
 

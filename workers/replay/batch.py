@@ -1,12 +1,11 @@
 """One batch of the replay stage: samples in, groups judged, persisted and produced.
 
-`GroupProcessor.process(events)` takes one batch of `rl.scored` samples and ticks and:
+`GroupProcessor.process(records)` takes one batch of `rl.scored` records (possibly none) and:
 
 1. decodes each sample (undecodable, wrong kind or key ≠ uid → `rl.dlq`) and adds it to its
    group (`state` has the table layout); a sample index already in the group is a duplicate,
    a new one arriving after its group was finished is counted as late;
-2. sweeps the open groups of every partition the batch touched (a tick touches its
-   partition): EMITTING ones (left by a crash) are looked up on their output partition
+2. sweeps the open groups of the owned partitions: EMITTING ones (left by a crash) are looked up on their output partition
    (`ledger`): found → DONE, missing → judged again; complete ones, and those past
    `group_timeout_s` since their first sample, are judged (`groups.judge`: partial policy,
    staleness against the latest `rl.policy` version, zero variance, advantages);
@@ -20,7 +19,7 @@
    a lost one leaves EMITTING, which step 2 resolves).
 
 It returns only when everything the batch caused is acknowledged; any Kafka error propagates
-(the app then exits without committing). Only the groups of partitions this worker owns are
+(the loop then exits without committing). Only the groups of partitions this worker owns are
 in `open` (`reindex` after every rebalance).
 """
 
@@ -60,7 +59,6 @@ STALENESS_HEADER = "rl.staleness"
 class Routes:
     """The topics one batch reads from and writes to."""
 
-    tick: str
     replay: str
     stale: str
     dlq: str
@@ -101,23 +99,19 @@ class GroupProcessor:
         self._open = self.table.open_groups(assigned)
         log.info("partitions %s: %d open groups", sorted(assigned), len(self._open))
 
-    async def process(self, events: list[Any]) -> None:
+    async def process(self, records: list[Any]) -> None:
         """Group, judge, persist and emit one batch (steps 1–5 of the module doc)."""
         now = time.time()
         pending: list[Any] = []  # broker futures of phase 2 (outputs and dead letters)
-        touched: set[int] = set()
         fresh: dict[str, dict[int, bytes]] = {}  # uid → sample index → bytes, new this batch
         changed: dict[str, GroupState] = {}  # headers to persist in phase 1
-        for event in events:
-            message = event.message
-            touched.add(message.partition)
-            if message.topic == self.topics.tick:
-                self.stats.add("ticks")
-                continue
+        if not records:
+            self.stats.add("ticks")
+        for message in records:
             self.stats.add("samples")
             self.metrics.consumed(message.topic)
             try:
-                sample = decode_as(event.value, ScoredTrajectory)
+                sample = decode_as(message.value, ScoredTrajectory)
                 if message.key != sample.uid.encode():
                     raise DecodeError(
                         f"key {message.key!r} is not the sample's uid {sample.uid!r}",
@@ -127,16 +121,15 @@ class GroupProcessor:
                 self.stats.add("decode_errors")
                 pending.append(await self._dead_letter(message, exc))
                 continue
-            self._add(sample, event.value, message.partition, now, fresh, changed)
+            self._add(sample, message.value, message.partition, now, fresh, changed)
 
         finish = [
             s
             for s in self._open.values()
-            if s.partition in touched
-            and s.status == "pending"
+            if s.status == "pending"
             and (s.complete or now - s.first_seen >= self.config.group_timeout_s)
         ]
-        settled = await self._resolve_emitting(touched, finish)
+        settled = await self._resolve_emitting(finish)
         outputs, unreadable = await self._judge_all(finish, fresh, changed)
 
         # Phase 1: new samples, then headers and EMITTING markers, acknowledged before outputs.
@@ -201,13 +194,9 @@ class GroupProcessor:
         fresh.setdefault(uid, {})[index] = bytes(raw)
         changed[uid] = state
 
-    async def _resolve_emitting(
-        self, touched: set[int], finish: list[GroupState]
-    ) -> list[GroupState]:
+    async def _resolve_emitting(self, finish: list[GroupState]) -> list[GroupState]:
         """EMITTING groups (left by a crash): DONE if their output is there, else judged again."""
-        marked = [
-            s for s in self._open.values() if s.partition in touched and s.status == "emitting"
-        ]
+        marked = [s for s in self._open.values() if s.status == "emitting"]
         if not marked:
             return []
         wanted: dict[tuple[str, int], list[GroupState]] = {}

@@ -1,6 +1,6 @@
 """`ReplayConfig`: everything the replay-buffer stage is configured by, and nothing else.
 
-Imports no faust (the CLI parses it before anything heavy loads). Group size: a prompt's own
+Imports no Kafka client (the CLI parses it before anything heavy loads). Group size: a prompt's own
 `n` travels with its samples (`ScoredTrajectory.group_size`, set by the agent-loop worker from
 `PromptEvent.n` or its configured `n`); `n` here applies to samples that do not carry it.
 """
@@ -26,9 +26,8 @@ class ReplayConfig(BaseModel):
         default="rollout-replay",
         min_length=1,
         pattern=r"^[A-Za-z0-9._-]+$",
-        description="faust app id: consumer group, changelog prefix, tick topic prefix.",
+        description="Consumer group id, and the prefix of the stage's changelog topic.",
     )
-    data_dir: str = Field(default="/tmp/rollout-replay", description="faust's data directory.")
     n: int = Field(default=4, ge=1, le=1024, description="Group size of samples that carry none.")
     group_timeout_s: float = Field(
         default=600.0,
@@ -56,15 +55,19 @@ class ReplayConfig(BaseModel):
         default=True, description="GRPO: divide by the group's std; False is Dr. GRPO."
     )
     adv_eps: float = Field(default=1e-6, gt=0, le=1.0, description="Added to std when dividing.")
-    batch_size: int = Field(default=256, ge=1, le=65536, description="stream.take() batch size.")
-    batch_within_s: float = Field(default=0.2, gt=0, le=60, description="take() wait per batch.")
+    batch_size: int = Field(default=256, ge=1, le=65536, description="Most samples per batch.")
+    batch_within_s: float = Field(
+        default=0.2, gt=0, le=60, description="How long a batch may wait to fill once begun."
+    )
     tick_interval_s: float = Field(
         default=5.0,
         gt=0,
         le=600,
-        description="How often the stage wakes itself (a tick per partition) to expire groups.",
+        description="With no sample arriving, how often the stage still expires groups.",
     )
-    commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="faust commit timer.")
+    commit_interval_s: float = Field(
+        default=2.8, gt=0, le=60, description="Most seconds between offset commits."
+    )
     session_timeout_s: float = Field(
         default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
     )
@@ -81,6 +84,6 @@ class ReplayConfig(BaseModel):
         return self
 
     @property
-    def tick_topic(self) -> str:
-        """The stage's own wake-up topic (created at start, as many partitions as rl.scored)."""
-        return f"{self.app_id}-ticks"
+    def changelog_topic(self) -> str:
+        """The compacted topic the stage's groups are kept in (as many partitions as rl.scored)."""
+        return f"{self.app_id}-groups-changelog"

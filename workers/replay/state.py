@@ -1,6 +1,6 @@
 """The replay stage's table: one small header per group, one raw value per sample. Pure logic.
 
-The faust table `groups` (changelogged, partitioned like `rl.scored`) holds two kinds of keys:
+The `groups` table (changelogged, partitioned like `rl.scored`) holds two kinds of keys:
 
     b"g\\0" + uid             → `GroupState` (orjson, magic b"RG1"): the group's header
     b"s\\0" + trajectory_id   → the sample's `ScoredTrajectory` bytes, exactly as consumed

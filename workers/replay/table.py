@@ -1,12 +1,11 @@
-"""`GroupTable`: the replay stage's faust table, read from memory, written through one producer.
+"""`GroupTable`: the replay stage's groups and samples, over a `ChangelogTable`.
 
-Reads come from faust's in-memory store (recovered from the changelog on start and after
-every rebalance). Writes set the store and send the same bytes to the table's changelog, on
-the partition given (the group's source partition), with the stage's own idempotent acks=all
-producer, never with faust's `table[k] = v` (which needs a current event and buffers the
-send). One producer for every write keeps the writes of one group in order, and each write
-returns the broker's acknowledgement as a future. Deletes send tombstones (value None), which
-faust's recovery applies as deletions. `state` documents the keys and values.
+Reads come from memory (restored from the changelog on start and after every rebalance).
+Writes set the entry and send the same bytes to the changelog, on the partition given (the
+group's source partition), with the stage's own idempotent acks=all producer: one producer
+for every write keeps the writes of one group in order, and each write returns the broker's
+acknowledgement as a future. Deletes send tombstones (value None), which the restore applies
+as deletions. `state` documents the keys and values.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from workers.kafka.stateful import ChangelogTable
 from workers.replay.state import GroupState, group_key, is_group_key, sample_key
 
 __all__ = ["GroupTable"]
@@ -24,18 +24,23 @@ __all__ = ["GroupTable"]
 class GroupTable:
     """Group headers and raw samples of the partitions this worker owns."""
 
-    def __init__(self, table: Any) -> None:
-        self._table = table
-        self.changelog: str = table.changelog_topic.get_topic_name()
-        self.producer: AIOKafkaProducer | None = None
+    def __init__(self, store: ChangelogTable) -> None:
+        self.store = store
+
+    @property
+    def producer(self) -> AIOKafkaProducer | None:
+        return self.store.producer
+
+    @producer.setter
+    def producer(self, producer: AIOKafkaProducer) -> None:
+        self.store.producer = producer
 
     def load(self, uid: str) -> GroupState | None:
-        raw = self._table.data.get(group_key(uid))
+        raw = self.store.get(group_key(uid))
         return GroupState.from_bytes(raw) if raw else None
 
     def sample(self, uid: str, index: int) -> bytes | None:
-        raw: bytes | None = self._table.data.get(sample_key(f"{uid}/{index}"))
-        return raw
+        return self.store.get(sample_key(f"{uid}/{index}"))
 
     def put_sample(self, uid: str, index: int, raw: bytes, partition: int) -> Awaitable[Any]:
         return self._write(sample_key(f"{uid}/{index}"), raw, partition)
@@ -49,18 +54,13 @@ class GroupTable:
     def open_groups(self, partitions: frozenset[int]) -> dict[str, GroupState]:
         """Every unfinished group of `partitions`, by uid (a full scan: after rebalances only)."""
         found: dict[str, GroupState] = {}
-        for key, raw in list(self._table.data.items()):
-            if raw and is_group_key(key):
+        for key, raw, partition in self.store.items():
+            if partition in partitions and is_group_key(key):
                 state = GroupState.from_bytes(raw)
-                if state.unfinished and state.partition in partitions:
+                if state.unfinished:
                     found[state.uid] = state
         return found
 
     def _write(self, key: bytes, value: bytes | None, partition: int) -> Awaitable[Any]:
         """Set (or delete) an entry; a coroutine whose result is the broker's ack future."""
-        assert self.producer is not None
-        if value is None:
-            self._table.data.pop(key, None)
-        else:
-            self._table.data[key] = value
-        return self.producer.send(self.changelog, value, key=key, partition=partition)
+        return self.store.write(key, value, partition)

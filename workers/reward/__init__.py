@@ -1,6 +1,6 @@
 """The reward stage: `rl.turns` → assembled, scored trajectories on `rl.scored`.
 
-Light on import (config only); the faust app lives in `workers.reward.app`, the entry point
+Light on import (config only); the stage lives in `workers.reward.app`, the entry point
 in `workers.reward.worker.run_worker`, the benchmark in `workers.reward.bench`.
 """
 

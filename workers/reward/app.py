@@ -1,9 +1,11 @@
-"""The reward stage: a faust agent on `rl.turns` → one `ScoredTrajectory` per trajectory.
+"""The reward stage: `rl.turns` → one `ScoredTrajectory` per trajectory, on a `StageLoop`.
 
-One agent (`concurrency=1`) takes batches (`stream.take_events`) and, per batch:
+The loop (`workers.kafka.stateful`) consumes `rl.turns` as one consumer group in batches, and
+per batch:
 
 1. decodes each turn (undecodable → `rl.dlq`), and folds it into the trajectory's state in
-   the `trajectories` table (keyed by trajectory id, changelogged; `assembler` has the rules);
+   the trajectories table (a `ChangelogTable` keyed by trajectory id; `assembler` has the
+   rules);
 2. scores the trajectories that became complete, concurrently (`dispatch`);
 3. persists, and awaits the broker's acknowledgement of, every changed unfinished state and
    an EMITTING marker for each output (holding the end offset of the output's partition);
@@ -11,13 +13,12 @@ One agent (`concurrency=1`) takes batches (`stream.take_events`) and, per batch:
    to `rl.dlq` with an idempotent acks=all producer, and awaits every acknowledgement;
 5. marks the trajectories DONE (changelog write, not awaited).
 
-Changelog records are written by the stage's own producer (to faust's changelog topic, on
-the source partition), so every write's acknowledgement can be awaited; faust restores the
-table from that topic on start and on rebalance as usual.
+Changelog records are written by the stage's own producer (on the source partition), so
+every write's acknowledgement can be awaited; the table is restored from that topic on start
+and whenever the group's assignment changes.
 
-Only then does the agent ask for the next batch, which is when faust acknowledges the
-batch's events; faust commits acknowledged offsets on its timer. So an offset is committed
-only after everything it caused is acknowledged (at-least-once on the input).
+Only then does the loop record the batch's offsets for its next commit. So an offset is
+committed only after everything it caused is acknowledged (at-least-once on the input).
 
 Exactly once on `rl.scored`: a trajectory is emitted only when its state is not DONE or
 EMITTING. A redelivered turn after a crash finds either DONE (dropped), or EMITTING — then
@@ -26,26 +27,25 @@ the output is not there. The only way to get a duplicate is the broker accepting
 whose acknowledgement the stage never saw *and* the record landing after the restart's scan
 (seconds later); consumers can still de-duplicate by `trajectory_id`. Dead letters are
 at-least-once. Any failure to talk to Kafka ends the process at once (exit 70) without
-committing, rather than let faust acknowledge a half-processed batch; restart it.
+committing a half-processed batch; restart it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any
 
-import faust
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.faust_app import StallGuard, make_faust_app
+from workers.kafka.stateful import ChangelogTable, StageLoop
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
@@ -61,13 +61,11 @@ __all__ = ["STAGE", "RewardStage"]
 
 log = logging.getLogger("rollout.reward")
 
-
-EXIT_KAFKA_FAILURE = 70
 _CHANGES = {"added", "complete", "replaced_attempt"}
 
 
 class RewardStage:
-    """The faust app, its table and agent, and the clients the agent produces with."""
+    """The stage's loop and table, and the clients its batches produce with."""
 
     def __init__(
         self,
@@ -75,7 +73,6 @@ class RewardStage:
         topics: TopicsConfig,
         config: RewardConfig,
         *,
-        source_partitions: int,
         tokenizer: Any | None,
         metrics: StageMetrics | None = None,
     ) -> None:
@@ -90,35 +87,19 @@ class RewardStage:
         self.metrics = metrics or StageMetrics("reward")
         self._assembling: set[bytes] = set()
         self.metrics.watch(in_flight=lambda: len(self._assembling))
-        timeout = config.session_timeout_s
-        self.app = make_faust_app(
-            kafka,
-            config.app_id,
-            data_dir=config.data_dir,
-            replication_factor=topics.replication_factor,
+        self.client_id = f"{kafka.client_id}-{config.app_id}"
+        self.table = ChangelogTable(kafka, config.changelog_topic, client_id=self.client_id)
+        self.loop = StageLoop(
+            kafka, stage="reward", group_id=config.app_id, topic=self.turns_topic_name,
+            tables=[self.table], process=self.process, on_assigned=self._on_assigned,
+            batch_size=config.batch_size, batch_within_s=config.batch_within_s,
             commit_interval_s=config.commit_interval_s,
-            broker_session_timeout=timeout,
-            broker_rebalance_timeout=timeout,
-            broker_heartbeat_interval=max(1.0, timeout / 10),
-            stream_buffer_maxsize=max(4096, 2 * config.batch_size),
-        )
-        topic = self.app.topic(self.turns_topic_name, key_type=bytes, value_type=bytes)
-        self.table = self.app.Table(
-            "trajectories",
-            default=None,
-            partitions=source_partitions,
-            key_type=bytes,
-            value_type=bytes,
-        )
-        self.app.agent(topic, name=f"{config.app_id}-agent", concurrency=1)(self._agent)
-        self._guard = StallGuard(self.app, {self.turns_topic_name}, max(30.0, 3 * timeout))
-        self._guard_task: asyncio.Task[None] | None = None
-        self._changelog = self.table.changelog_topic.get_topic_name()
+            session_timeout_s=config.session_timeout_s,
+        )  # fmt: skip
         self.producer: AIOKafkaProducer | None = None
         self.ledger: OutputLedger | None = None
         self.pool: ScorerPool | None = None
         self.dispatcher: Dispatcher | None = None
-        self._in_batch = False
         self._last_log = time.monotonic()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -129,9 +110,24 @@ class RewardStage:
             return "math" in c.data_sources.values()
         return c.scorer_kind == "custom" and c.custom is not None and c.custom.executor == "process"
 
+    async def run(self) -> int:
+        """Start the clients, run the loop until SIGTERM/SIGINT; the exit status."""
+        try:
+            await self.start_clients()
+        except Exception:
+            log.critical("reward stage cannot start", exc_info=True)
+            await self.close()
+            return 1
+        try:
+            await self.loop.run()
+        finally:
+            await self.close()
+        log.info("reward stage stopped: %s", self.stats.snapshot())
+        return 0
+
     async def start_clients(self) -> None:
-        """Producer, ledger, scorer pool and reward-model client (once, in the agent)."""
-        client_id = f"{self.kafka.client_id}-{self.config.app_id}"
+        """Producer, ledger, scorer pool and reward-model client (before the group join)."""
+        client_id = self.client_id
         self.producer = AIOKafkaProducer(
             **self.kafka.aiokafka_kwargs(),
             client_id=f"{client_id}-out",
@@ -143,7 +139,7 @@ class RewardStage:
             max_request_size=self.kafka.max_request_size,
         )
         await self.producer.start()
-        self._guard_task = asyncio.create_task(self._guard.run())
+        self.table.producer = self.producer
         self.ledger = OutputLedger(self.kafka, self.scored_topic, client_id=f"{client_id}-ledger")
         await self.ledger.start(self.producer)
         if self._needs_pool():
@@ -156,12 +152,11 @@ class RewardStage:
         self.dispatcher = Dispatcher(
             self.config, tokenizer=self.tokenizer, pool=self.pool, reward_model=client
         )
-        self.app.on_before_shutdown.connect(self._on_shutdown)
         log.info(
             "reward stage ready: scorer=%s pool=%s", self.config.scorer_kind, self.pool is not None
         )
 
-    async def _on_shutdown(self, app: Any, **_: Any) -> None:
+    async def close(self) -> None:
         if self.dispatcher is not None:
             await self.dispatcher.close()
         if self.pool is not None:
@@ -171,50 +166,25 @@ class RewardStage:
         if self.producer is not None:
             await self.producer.stop()
 
-    async def _agent(self, stream: faust.StreamT[bytes]) -> None:
-        try:
-            await self.start_clients()
-        except Exception:
-            # faust would restart the agent forever; a stage that cannot start should stop.
-            log.critical("reward stage cannot start", exc_info=True)
-            os._exit(1)
-        try:
-            async for events in stream.take_events(
-                self.config.batch_size, within=self.config.batch_within_s
-            ):
-                self._in_batch = self._guard.busy = True
-                try:
-                    await self.process(list(events))
-                except Exception:
-                    # faust would acknowledge this batch's events on the way out and
-                    # commit them: exit before it can, so they are redelivered.
-                    log.critical("reward batch failed; exiting without commit", exc_info=True)
-                    os._exit(EXIT_KAFKA_FAILURE)
-                self._in_batch = self._guard.busy = False
-        except asyncio.CancelledError:
-            if self._in_batch:
-                log.critical("reward agent cancelled mid-batch; exiting without commit")
-                os._exit(EXIT_KAFKA_FAILURE)
-            raise
+    def _on_assigned(self, assigned: frozenset[int]) -> None:
+        # States of partitions gone elsewhere no longer count as in flight here.
+        self._assembling &= set(self.table.data)
 
     # --- one batch -------------------------------------------------------------------
 
     def _load(self, key: bytes) -> TrajectoryState | None:
-        raw = self.table.data.get(key)
+        raw = self.table.get(key)
         return TrajectoryState.from_bytes(raw) if raw else None
 
     def _write(self, key: bytes, state: TrajectoryState, partition: int) -> Any:
         """Set the table entry and send it to the changelog partition of its source partition.
 
-        Written with the stage's own idempotent producer rather than faust's buffered
-        `send_soon`: one producer for every write, and the future is the broker's ack.
+        One producer for every write keeps a trajectory's writes in order; the coroutine's
+        result is the broker's acknowledgement future.
         """
-        assert self.producer is not None
-        value = state.to_bytes()
-        self.table.data[key] = value
-        return self.producer.send(self._changelog, value, key=key, partition=partition)
+        return self.table.write(key, state.to_bytes(), partition)
 
-    async def process(self, events: list[Any]) -> None:
+    async def process(self, records: list[ConsumerRecord]) -> None:
         """Assemble, score, persist and emit one batch (steps 1–5 of the module doc)."""
         started = time.monotonic()
         assert self.producer is not None and self.dispatcher is not None
@@ -222,12 +192,12 @@ class RewardStage:
         self._background: list[Any] = []  # DONE writes: enqueued, acks not awaited
         pending: list[Any] = []  # broker futures of phase 2 (outputs and dead letters)
         decoded: list[tuple[Any, TurnEvent, bytes]] = []
-        for event in events:
+        for record in records:
             self.stats.add("turns")
             self.metrics.consumed(self.turns_topic_name)
             try:
-                turn = decode_as(event.value, TurnEvent)
-                key = event.message.key
+                turn = decode_as(record.value, TurnEvent)
+                key = record.key
                 if key is not None and key != turn.trajectory_id.encode():
                     # A mis-keyed turn sits in another partition than its trajectory.
                     raise DecodeError(
@@ -236,9 +206,9 @@ class RewardStage:
                     )
             except DecodeError as exc:
                 self.stats.add("decode_errors")
-                pending.append(await self._send_letter(record_letter(event.message, exc)))
+                pending.append(await self._send_letter(record_letter(record, exc)))
                 continue
-            decoded.append((event.message, turn, event.value))
+            decoded.append((record, turn, record.value))
 
         states: dict[bytes, TrajectoryState | None] = {}
         first: dict[bytes, Any] = {}  # key → first message of it in this batch

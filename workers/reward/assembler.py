@@ -1,6 +1,6 @@
 """Trajectory assembly: turn events in, one complete attempt per trajectory out. Pure logic.
 
-The reward stage keeps one `TrajectoryState` per trajectory id (in a faust table, as
+The reward stage keeps one `TrajectoryState` per trajectory id (in a changelogged table, as
 bytes: `to_bytes`/`from_bytes`). `apply_turn` folds one turn into it:
 
     (none) ──turn──► ASSEMBLING ──all of turns 0..final present──► complete (caller scores)

@@ -1,6 +1,6 @@
 """`RewardConfig`: everything the reward stage is configured by, and nothing else.
 
-Imports no faust, torch or transformers (the CLI parses it before anything heavy loads).
+Imports no Kafka client, torch or transformers (the CLI parses it before anything heavy loads).
 Scorer dispatch, in order: `custom` when set; else `reward_model` when enabled; else the
 rule-based scorer that `data_sources` maps the trajectory's `data_source` to. A generative
 reward model without a custom function is rejected here, at start.
@@ -105,15 +105,18 @@ class RewardConfig(BaseModel):
         default="rollout-reward",
         min_length=1,
         pattern=r"^[A-Za-z0-9._-]+$",
-        description="faust app id: consumer group and changelog topic prefix.",
+        description="Consumer group id, and the prefix of the stage's changelog topic.",
     )
     tokenizer: str | None = Field(
         default=None, description="Directory for AutoTokenizer.from_pretrained (decodes responses)."
     )
-    data_dir: str = Field(default="/tmp/rollout-reward", description="faust's data directory.")
-    batch_size: int = Field(default=1024, ge=1, le=65536, description="stream.take() batch size.")
-    batch_within_s: float = Field(default=0.2, gt=0, le=60, description="take() wait per batch.")
-    commit_interval_s: float = Field(default=2.8, gt=0, le=60, description="faust commit timer.")
+    batch_size: int = Field(default=1024, ge=1, le=65536, description="Most turns per batch.")
+    batch_within_s: float = Field(
+        default=0.2, gt=0, le=60, description="How long a batch may wait to fill once begun."
+    )
+    commit_interval_s: float = Field(
+        default=2.8, gt=0, le=60, description="Most seconds between offset commits."
+    )
     session_timeout_s: float = Field(
         default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
     )
@@ -149,6 +152,11 @@ class RewardConfig(BaseModel):
         if rm.enable and rm.style == "discriminative" and self.custom is None and not rm.addresses:
             raise ValueError("reward_model.enable needs reward_model.addresses (/classify URLs)")
         return self
+
+    @property
+    def changelog_topic(self) -> str:
+        """The compacted topic trajectory states are kept in (as many partitions as rl.turns)."""
+        return f"{self.app_id}-trajectories-changelog"
 
     def missing_for_start(self) -> str | None:
         """What the stage lacks to start (checked at start, so defaults stay valid)."""

@@ -23,7 +23,7 @@ STAGE = "reward"
 
 
 def record_letter(message: Any, exc: BaseException, value: bytes | None = None) -> DeadLetter:
-    """A consumed record (faust `Message`) that could not be processed."""
+    """A consumed record (an aiokafka `ConsumerRecord`) that could not be processed."""
     return DeadLetter(
         stage=STAGE,
         topic=message.topic,

@@ -1,13 +1,14 @@
 """Start the reward stage: `run_worker(kafka, topics, reward)` (what `rollout worker reward` runs).
 
 Checks the config, reads the source topic's partition count from the broker (the table's
-changelog must have as many), loads the tokenizer, then runs the faust worker until SIGTERM
+changelog is created with as many), loads the tokenizer, then runs the stage until SIGTERM
 or SIGINT (graceful: the batch in flight finishes and is committed) or SIGKILL (nothing is
 lost: uncommitted turns are redelivered and the stage de-duplicates).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,17 +27,12 @@ log = logging.getLogger("rollout.reward")
 
 def source_partitions(kafka: KafkaConfig, topic: str) -> int:
     """Partitions of `topic` on the broker; `RewardError` if it does not exist."""
-    from workers.kafka.clients import make_admin
+    from workers.kafka.admin import topic_partitions
 
-    admin = make_admin(kafka)
-    try:
-        described = admin.describe_topics([topic])
-    finally:
-        admin.close()
-    for entry in described:
-        if entry.get("name", entry.get("topic")) == topic and entry.get("partitions"):
-            return len(entry["partitions"])
-    raise RewardError(f"topic {topic} does not exist (run `rollout topics create`)")
+    partitions = topic_partitions(kafka, topic)
+    if partitions is None:
+        raise RewardError(f"topic {topic} does not exist (run `rollout topics create`)")
+    return partitions
 
 
 class FastDetokenizer:
@@ -91,13 +87,12 @@ def run_worker(
     from workers.reward.app import RewardStage
 
     partitions = source_partitions(kafka, topics.name("turns"))
+    from workers.kafka.admin import ensure_changelog
+
+    ensure_changelog(kafka, topics, config.changelog_topic, partitions)
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-    stage = RewardStage(
-        kafka, topics, config, source_partitions=partitions, tokenizer=tokenizer, metrics=metrics
-    )
+    stage = RewardStage(kafka, topics, config, tokenizer=tokenizer, metrics=metrics)
     log.info(
         "reward stage %s on %s (%d partitions)", config.app_id, topics.name("turns"), partitions
     )
-    from workers.kafka.faust_app import run_faust_app
-
-    return run_faust_app(stage.app)
+    return asyncio.run(stage.run())

@@ -1,0 +1,64 @@
+"""What a stage asks the broker before it starts: a topic's partition count, its changelog topic.
+
+`ensure_changelog(kafka, topics, name, partitions)` creates a stage's compacted changelog
+topic with as many partitions as its source topic (a key's state lives on the changelog
+partition of its source partition), and refuses one that exists with another count: the
+state in it would no longer line up with the source partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from schemas.errors import RolloutError
+from workers.kafka.clients import make_admin
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+__all__ = ["ensure_changelog", "topic_partitions"]
+
+log = logging.getLogger("rollout.kafka.admin")
+
+
+def topic_partitions(kafka: KafkaConfig, topic: str) -> int | None:
+    """Partitions of `topic` on the broker; None if it does not exist."""
+    admin = make_admin(kafka)
+    try:
+        if topic not in set(admin.list_topics()):
+            return None
+        described = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    for entry in described:
+        if entry.get("name", entry.get("topic")) == topic and entry.get("partitions"):
+            return len(entry["partitions"])
+    return None
+
+
+def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partitions: int) -> None:
+    """Create the compacted changelog `name` with `partitions` partitions if it is missing."""
+    existing = topic_partitions(kafka, name)
+    if existing is None:
+        admin = make_admin(kafka)
+        try:
+            configs = {
+                "cleanup.policy": "compact",
+                "max.message.bytes": str(topics.max_message_bytes),
+                "min.insync.replicas": str(topics.min_insync_replicas),
+            }
+            admin.create_topics(
+                [NewTopic(name, partitions, topics.replication_factor, topic_configs=configs)],
+                wait_for_metadata=True,
+            )
+            log.info("created changelog topic %s (%d partitions)", name, partitions)
+        except TopicAlreadyExistsError:
+            pass  # raced with another worker of the stage
+        finally:
+            admin.close()
+        existing = topic_partitions(kafka, name)
+    if existing != partitions:
+        raise RolloutError(
+            f"changelog topic {name} has {existing} partitions, its source topic {partitions}"
+        )

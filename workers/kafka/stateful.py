@@ -1,0 +1,295 @@
+"""A consumer-group stage with a changelogged table, on plain aiokafka: `StageLoop`, `ChangelogTable`.
+
+The reward and replay stages are both "consume a partitioned topic, fold records into keyed
+state, produce outputs": per partition, state that must survive a crash and move with the
+partition when the group rebalances. This module is that machinery, and only that:
+
+- `ChangelogTable`: the state of the partitions this process owns, in memory, backed by a
+  compacted changelog topic with as many partitions as the source. A write sets the entry
+  and sends the same bytes to the changelog partition of the key's source partition through
+  the stage's own idempotent producer, returning the broker's acknowledgement; a delete sends
+  a tombstone. `restore(partitions)` reads those changelog partitions from the beginning to
+  their end offset and applies them.
+- `StageLoop`: the group consumer. It fetches a batch (up to `batch_size` records, waiting at
+  most `batch_within_s` for it to fill once the first record is there), hands it to the
+  stage's `process`, and only when `process` returns (everything the batch caused is
+  acknowledged) records the batch's offsets to commit (at least every `commit_interval_s`,
+  on every revocation and on shutdown). One lock is held around each batch and taken by
+  the rebalance listener, so a rebalance waits for the batch in flight, commits, and then
+  drops the revoked partitions' state; newly assigned partitions are restored before the
+  first fetch from them. With `idle_s` set, `process([])` runs that often when nothing
+  arrives (the replay stage expires groups there).
+
+Why not faust: faust-streaming (0.15) abandons a record whose delivery to the stream is
+interrupted by a rebalance while still moving its read offset past it, and never fetches it
+again; the committed offset then stays below it for good. A StallGuard that re-sought after
+a stall only narrowed the window (a replay group could still time out partial while its
+samples sat uncommitted). Here the positions are the consumer's own: a record is either
+processed and then committed, or fetched again from the committed offset after a
+rebalance or restart. faust's per-event machinery (stream buffers, acks, its commit
+bookkeeping) was also most of the reward stage's cost per turn.
+
+A failure in `process` (any Kafka error: the stages propagate them) ends the process at once
+with exit status 70 and commits nothing, so the batch is redelivered to whoever owns its
+partitions next; the stages de-duplicate. SIGTERM/SIGINT finish the batch in flight, commit
+and leave the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from workers.kafka.config import KafkaConfig
+
+__all__ = ["EXIT_KAFKA_FAILURE", "ChangelogTable", "StageLoop"]
+
+log = logging.getLogger("rollout.kafka.stage")
+
+EXIT_KAFKA_FAILURE = 70
+
+
+class ChangelogTable:
+    """key → bytes for the owned partitions; every write also goes to the changelog topic."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str, *, client_id: str) -> None:
+        self.kafka, self.topic, self.client_id = kafka, topic, client_id
+        self.data: dict[bytes, bytes] = {}
+        self.producer: AIOKafkaProducer | None = None  # set by the stage once started
+        self._partition_of: dict[bytes, int] = {}
+        self.partitions: set[int] = set()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def items(self) -> list[tuple[bytes, bytes, int]]:
+        """(key, value, partition) of every entry (a copy)."""
+        return [(k, v, self._partition_of[k]) for k, v in self.data.items()]
+
+    def write(self, key: bytes, value: bytes | None, partition: int) -> Awaitable[Any]:
+        """Set (value) or delete (None) an entry; a coroutine whose result is the ack future."""
+        assert self.producer is not None, "the stage sets the table's producer before writing"
+        self._apply(key, value, partition)
+        return self.producer.send(self.topic, value, key=key, partition=partition)
+
+    def _apply(self, key: bytes, value: bytes | None, partition: int) -> None:
+        if value is None:
+            self.data.pop(key, None)
+            self._partition_of.pop(key, None)
+        else:
+            self.data[key] = value
+            self._partition_of[key] = partition
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Forget the entries of `partitions` (revoked: another process owns them now)."""
+        gone = set(partitions)
+        for key in [k for k, p in self._partition_of.items() if p in gone]:
+            del self.data[key]
+            del self._partition_of[key]
+        self.partitions -= gone
+
+    async def restore(self, partitions: Iterable[int]) -> int:
+        """Read the changelog of `partitions` from the beginning to its end; records applied."""
+        wanted = sorted(set(partitions) - self.partitions)
+        if not wanted:
+            return 0
+        consumer = AIOKafkaConsumer(
+            **self.kafka.aiokafka_kwargs(),
+            client_id=f"{self.client_id}-restore",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.kafka.max_request_size,
+            fetch_max_bytes=max(self.kafka.max_request_size, 52_428_800),
+        )
+        await consumer.start()
+        applied = 0
+        started = time.monotonic()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in wanted]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            await consumer.seek_to_beginning(*tps)
+            left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+            while left:
+                batches = await consumer.getmany(*left, timeout_ms=1000, max_records=10_000)
+                for tp, records in batches.items():
+                    for record in records:
+                        if record.offset < ends[tp]:
+                            self._apply(record.key, record.value, tp.partition)
+                            applied += 1
+                left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+        finally:
+            await consumer.stop()
+        self.partitions |= set(wanted)
+        log.info(
+            "restored %s partitions %s: %d records, %d entries, %.2fs",
+            self.topic, wanted, applied, len(self.data), time.monotonic() - started,
+        )  # fmt: skip
+        return applied
+
+
+Process = Callable[[list[ConsumerRecord]], Awaitable[None]]
+OnAssigned = Callable[[frozenset[int]], Awaitable[None] | None]
+
+
+class StageLoop:
+    """Fetch → `process` → commit, with the tables following the group's assignment."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        *,
+        stage: str,
+        group_id: str,
+        topic: str,
+        tables: list[ChangelogTable],
+        process: Process,
+        on_assigned: OnAssigned | None = None,
+        batch_size: int,
+        batch_within_s: float,
+        commit_interval_s: float,
+        session_timeout_s: float,
+        idle_s: float | None = None,
+    ) -> None:
+        self.stage, self.topic, self.tables = stage, topic, tables
+        self.process, self.on_assigned = process, on_assigned
+        self.batch_size, self.batch_within_s = batch_size, batch_within_s
+        self.commit_interval_s, self.idle_s = commit_interval_s, idle_s
+        self._consumer_kwargs = dict(
+            **kafka.aiokafka_kwargs(),
+            client_id=f"{kafka.client_id}-{group_id}",
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=int(session_timeout_s * 1000),
+            rebalance_timeout_ms=int(max(session_timeout_s, 60) * 1000),
+            heartbeat_interval_ms=int(max(1.0, session_timeout_s / 10) * 1000),
+            max_poll_interval_ms=600_000,
+            max_partition_fetch_bytes=kafka.max_request_size,
+            fetch_max_bytes=max(kafka.max_request_size, 52_428_800),
+        )
+        self.consumer: AIOKafkaConsumer | None = None  # made in `run` (aiokafka wants a loop)
+        self.assigned: frozenset[int] = frozenset()
+        self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._last_commit = time.monotonic()
+
+    def stop(self) -> None:
+        """Finish the batch in flight, commit and leave the group (SIGTERM, SIGINT)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Until `stop()`; a failed batch exits the process (status 70) without committing."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        self.consumer = consumer = AIOKafkaConsumer(**self._consumer_kwargs)
+        consumer.subscribe([self.topic], listener=_Listener(self))
+        await consumer.start()
+        last_batch = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                records = await self._fetch()
+                async with self._lock:
+                    records = [r for r in records if r.partition in self.assigned]
+                    idle = self.idle_s is not None and time.monotonic() - last_batch >= self.idle_s
+                    if records or (idle and self.assigned):
+                        await self._process(records)
+                        last_batch = time.monotonic()
+                    if time.monotonic() - self._last_commit >= self.commit_interval_s:
+                        await self._commit()
+            async with self._lock:
+                await self._commit()
+        finally:
+            await consumer.stop()
+
+    async def _fetch(self) -> list[ConsumerRecord]:
+        """One batch: wait up to a second for a first record, then fill for `batch_within_s`."""
+        assert self.consumer is not None
+        wait = min(1.0, self.idle_s) if self.idle_s is not None else 1.0
+        got = await self.consumer.getmany(timeout_ms=int(wait * 1000), max_records=self.batch_size)
+        records = [r for rs in got.values() for r in rs]
+        deadline = time.monotonic() + self.batch_within_s
+        while records and len(records) < self.batch_size and not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            more = await self.consumer.getmany(
+                timeout_ms=int(left * 1000), max_records=self.batch_size - len(records)
+            )
+            records += [r for rs in more.values() for r in rs]
+        return records
+
+    async def _process(self, records: list[ConsumerRecord]) -> None:
+        try:
+            await self.process(records)
+        except Exception:
+            # Nothing of this batch is committed: whoever owns its partitions next gets it again.
+            log.critical("%s batch failed; exiting without commit", self.stage, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_KAFKA_FAILURE)
+        for record in records:
+            self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
+
+    async def _commit(self) -> None:
+        """Commit the offsets after every processed record (the lock is held)."""
+        self._last_commit = time.monotonic()
+        offsets = {tp: o for tp, o in self._uncommitted.items() if tp.partition in self.assigned}
+        self._uncommitted.clear()
+        if not offsets:
+            return
+        assert self.consumer is not None
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group moved on: the new owner gets these records again (and de-duplicates).
+            log.warning("%s: offsets not committed (%s); they will be redelivered", self.stage, exc)
+        except KafkaError:
+            log.critical("%s: cannot commit offsets; exiting", self.stage, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_KAFKA_FAILURE)
+
+    async def revoked(self, partitions: set[int]) -> None:
+        async with self._lock:  # waits for the batch in flight
+            await self._commit()
+            self.assigned = frozenset()
+        log.info("%s: partitions %s revoked", self.stage, sorted(partitions))
+
+    async def assigned_now(self, partitions: set[int]) -> None:
+        async with self._lock:
+            for table in self.tables:
+                table.drop(table.partitions - partitions)
+                await table.restore(partitions)
+            self.assigned = frozenset(partitions)
+            if self.on_assigned is not None:
+                result = self.on_assigned(self.assigned)
+                if result is not None:
+                    await result
+        log.info("%s: partitions %s assigned", self.stage, sorted(partitions))
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, loop: StageLoop) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.loop.revoked({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        try:
+            await self.loop.assigned_now({tp.partition for tp in assigned})
+        except Exception:
+            log.critical("%s: cannot restore its tables; exiting", self.loop.stage, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_KAFKA_FAILURE)
