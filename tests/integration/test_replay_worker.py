@@ -316,7 +316,7 @@ def test_restart_resolves_emitting_markers_left_by_a_crash(
     app_id = f"{topics_config.prefix}replay"
     changelog = f"{app_id}-groups-changelog"
     admin = make_admin(kafka_config)
-    try:  # what the first run's faust app would have created
+    try:  # what the first run would have created
         admin.create_topics(
             [NewTopic(changelog, 4, 1, topic_configs={"cleanup.policy": "compact"})],
             wait_for_metadata=True,

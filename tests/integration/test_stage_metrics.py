@@ -142,7 +142,7 @@ def test_reward_worker_serves_its_counters(
     consumed = key("rollout_messages_consumed_total", topic=turns)
     produced = key("rollout_messages_produced_total", topic=scored)
     samples: dict[Any, float] | None = None
-    # The worker's own start (transformers, faust, the group join) dominates: seconds on an
+    # The worker's own start (tokenizer, the group join, the table restore) dominates: seconds on an
     # idle machine, up to a minute on a loaded one.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

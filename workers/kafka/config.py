@@ -104,7 +104,7 @@ class KafkaConfig(BaseModel):
         return kwargs
 
     def aiokafka_kwargs(self) -> dict[str, Any]:
-        """The same settings in aiokafka's (and faust's underlying client's) names."""
+        """The same settings in aiokafka's names."""
         kwargs: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap,
             "security_protocol": self.security_protocol,
