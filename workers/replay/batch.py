@@ -107,9 +107,10 @@ class GroupProcessor:
         changed: dict[str, GroupState] = {}  # headers to persist in phase 1
         if not records:
             self.stats.add("ticks")
+        self.stats.add("samples", len(records))
+        if records:
+            self.metrics.consumed(records[0].topic, len(records))
         for message in records:
-            self.stats.add("samples")
-            self.metrics.consumed(message.topic)
             try:
                 sample = decode_as(message.value, ScoredTrajectory)
                 if message.key != sample.uid.encode():

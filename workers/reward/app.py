@@ -192,9 +192,9 @@ class RewardStage:
         self._background: list[Any] = []  # DONE writes: enqueued, acks not awaited
         pending: list[Any] = []  # broker futures of phase 2 (outputs and dead letters)
         decoded: list[tuple[Any, TurnEvent, bytes]] = []
+        self.stats.add("turns", len(records))
+        self.metrics.consumed(self.turns_topic_name, len(records))
         for record in records:
-            self.stats.add("turns")
-            self.metrics.consumed(self.turns_topic_name)
             try:
                 turn = decode_as(record.value, TurnEvent)
                 key = record.key
@@ -354,8 +354,8 @@ class RewardStage:
     ) -> None:
         """Acknowledged outputs: counted, and timed from their turn 0's creation."""
         now = time.time()
+        self.metrics.produced(self.scored_topic, len(outputs))
         for key, _, _ in outputs:
-            self.metrics.produced(self.scored_topic)
             first_turn = started.get(key)
             if first_turn is not None:
                 self.metrics.observe_trajectory(now - first_turn)
