@@ -375,3 +375,64 @@ def test_restart_resolves_emitting_markers_left_by_a_crash(
     stats = worker.stats()
     assert stats["emit_recovered_present"] == 1 and stats["emit_recovered_missing"] == 1
     assert stats["emitted"] == 1
+
+
+def test_partitions_move_between_two_workers_with_their_open_groups(
+    tmp_path: Path, kafka_config: KafkaConfig, topics_config: TopicsConfig
+) -> None:
+    """A second worker joins mid-stream, then the first stops: each move of a partition carries
+    its half-filled groups (restored from the changelog), and every group comes out complete,
+    once. A sample lost in a rebalance would leave its group to time out partial (on rl.stale)."""
+    n, groups = 4, 48
+    scored_topic = topics_config.name("scored")
+    rng = random.Random(11)
+    samples = [
+        scored(f"m{i}", j, float(j == i % n), low=2) for i in range(groups) for j in range(n)
+    ]
+    rng.shuffle(samples)
+    produce(kafka_config, topics_config.name("policy"), [PolicyVersion(version=2, path="/c/2")])
+    one, two = (Worker(tmp_path / name, kafka_config, topics_config) for name in ("one", "two"))
+    for w in (one, two):
+        w.tmp.mkdir()
+        w.configure(n=n, group_timeout_s=120, partial_policy="drop", batch_size=8)
+    paced = threading.Event()
+
+    def feed() -> None:
+        for start in range(0, len(samples), 6):
+            produce(kafka_config, scored_topic, list(samples[start : start + 6]))
+            time.sleep(0.2)
+            if start >= len(samples) // 3:
+                paced.set()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        one.start()
+        feeder.start()
+        assert paced.wait(60)
+        two.start()  # joins: the group rebalances and some partitions move to it
+        time.sleep(8)
+        one.kill(signal.SIGTERM)  # leaves: its partitions move to the second
+        assert one.proc is None
+        feeder.join(timeout=120)
+        records = read_all(
+            kafka_config, topics_config.name("replay"), until=lambda r: len(r) >= groups,
+            timeout=120,
+        )  # fmt: skip
+        time.sleep(3)
+        records = read_all(
+            kafka_config, topics_config.name("replay"), until=lambda r: False, timeout=3
+        )
+        stale = read_all(
+            kafka_config, topics_config.name("stale"), until=lambda r: False, timeout=3
+        )
+        emitted = groups_of(records)  # fails on a group emitted twice
+        assert sorted(emitted) == sorted({s.uid for s in samples}), two.log_tail()
+        assert not stale, f"dropped: {[r.key for r in stale]}"
+        for group, _ in emitted.values():
+            assert sorted(s.sample_index for s in group.samples) == list(range(n))
+        moved = two.stats()
+        print(f"first worker: {one.stats()}\nsecond worker: {moved}")
+        assert moved.get("emitted", 0) > 0, "the second worker never owned a partition"
+    finally:
+        one.kill()
+        two.kill()
