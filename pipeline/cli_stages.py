@@ -53,6 +53,7 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     import asyncio
     import signal
+    import sys
 
     # A SIGTERM that arrives while the worker is still importing or connecting is a request
     # to stop, honoured gracefully once it runs (exit 0), not a crash.
@@ -70,13 +71,21 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     metrics = _metrics("agent-loop", args)
 
     async def main() -> int:
+        from aiokafka.errors import KafkaError
+
         worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         if early_stop.is_set():
             worker.stop()
-        await worker.run()
+        try:
+            await worker.run()
+        except KafkaError as exc:
+            # The broker is down or unreachable (at start, or a client gave up): nothing was
+            # committed past what is done, so starting again later is the whole remedy.
+            print(f"rollout: error: Kafka at {cfg.kafka.bootstrap}: {exc}", file=sys.stderr)
+            return 75
         # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
         # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
         return 75 if worker.counters["prompts_failed"] else 0
