@@ -162,6 +162,7 @@ class StageLoop:
         idle_s: float | None = None,
     ) -> None:
         self.stage, self.topic, self.tables = stage, topic, tables
+        self.bootstrap = kafka.bootstrap
         self.process, self.on_assigned = process, on_assigned
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.commit_interval_s, self.idle_s = commit_interval_s, idle_s
@@ -188,6 +189,24 @@ class StageLoop:
     def stop(self) -> None:
         """Finish the batch in flight, commit and leave the group (SIGTERM, SIGINT)."""
         self._stopping.set()
+
+    async def serve(
+        self, start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]
+    ) -> int:
+        """`start` the stage's clients, `run` until stopped, `close` them; the exit status
+        (70 when the broker cannot be reached: a supervisor starts the stage again)."""
+        try:
+            await start()
+            await self.run()
+        except KafkaError as exc:
+            log.critical("%s stage: Kafka at %s: %s", self.stage, self.bootstrap, exc)
+            return EXIT_KAFKA_FAILURE
+        except Exception:
+            log.critical("%s stage failed", self.stage, exc_info=True)
+            return 1
+        finally:
+            await close()
+        return 0
 
     async def run(self) -> None:
         """Until `stop()`; a failed batch exits the process (status 70) without committing."""

@@ -25,7 +25,6 @@ import logging
 import time
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -87,25 +86,9 @@ class ReplayStage:
 
     async def run(self) -> int:
         """Start the clients, run the loop until SIGTERM/SIGINT; the exit status."""
-        try:
-            await self.start_clients()
-        except KafkaError as exc:  # the broker is unreachable: a supervisor starts it again
-            log.critical("replay stage cannot reach Kafka at %s: %s", self.kafka.bootstrap, exc)
-            await self.close()
-            return EXIT_KAFKA_FAILURE
-        except Exception:
-            log.critical("replay stage cannot start", exc_info=True)
-            await self.close()
-            return 1
-        try:
-            await self.loop.run()
-        except KafkaError as exc:
-            log.critical("replay stage lost Kafka at %s: %s", self.kafka.bootstrap, exc)
-            return EXIT_KAFKA_FAILURE
-        finally:
-            await self.close()
-        log.info("replay stage stopped: %s", self.stats.snapshot())
-        return 0
+        status = await self.loop.serve(self.start_clients, self.close)
+        log.info("replay stage stopped (%d): %s", status, self.stats.snapshot())
+        return status
 
     async def start_clients(self) -> None:
         """Producer, output ledger and policy tracker (before the loop joins the group)."""

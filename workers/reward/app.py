@@ -38,7 +38,6 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import decode_as, encode, headers_for
@@ -46,7 +45,7 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.stateful import EXIT_KAFKA_FAILURE, ChangelogTable, StageLoop
+from workers.kafka.stateful import ChangelogTable, StageLoop
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
@@ -113,25 +112,9 @@ class RewardStage:
 
     async def run(self) -> int:
         """Start the clients, run the loop until SIGTERM/SIGINT; the exit status."""
-        try:
-            await self.start_clients()
-        except KafkaError as exc:  # the broker is unreachable: a supervisor starts it again
-            log.critical("reward stage cannot reach Kafka at %s: %s", self.kafka.bootstrap, exc)
-            await self.close()
-            return EXIT_KAFKA_FAILURE
-        except Exception:
-            log.critical("reward stage cannot start", exc_info=True)
-            await self.close()
-            return 1
-        try:
-            await self.loop.run()
-        except KafkaError as exc:
-            log.critical("reward stage lost Kafka at %s: %s", self.kafka.bootstrap, exc)
-            return EXIT_KAFKA_FAILURE
-        finally:
-            await self.close()
-        log.info("reward stage stopped: %s", self.stats.snapshot())
-        return 0
+        status = await self.loop.serve(self.start_clients, self.close)
+        log.info("reward stage stopped (%d): %s", status, self.stats.snapshot())
+        return status
 
     async def start_clients(self) -> None:
         """Producer, ledger, scorer pool and reward-model client (before the group join)."""
