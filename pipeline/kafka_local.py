@@ -343,8 +343,13 @@ def _secure_users(data_dir: str, bootstrap: str, users: Sequence[str]) -> None:
 
 def _cluster_id() -> str:
     # Same format as `StorageTool random-uuid` (url-safe base64 of 16 random bytes), without
-    # paying for a JVM start.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # paying for a JVM start. Like Kafka's own Uuid.randomUuid, never one that starts with
+    # '-': the storage tool's parser reads `-t -abc…` as a missing value (1 start in 64 failed
+    # that way: a CI run lost its broker to it).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def stop_broker(port: int = 9092, *, grace_s: float = 30.0, purge: bool = False) -> bool:
