@@ -126,6 +126,18 @@ class KafkaConfig(BaseModel):
             kwargs["ssl_context"] = context
         return kwargs
 
+    def aiokafka_consumer_kwargs(self, *, group_id: str | None) -> dict[str, Any]:
+        """An aiokafka consumer's settings: never auto-commits, starts at the earliest offset,
+        and fetches records as large as `max_request_size`."""
+        return {
+            **self.aiokafka_kwargs(),
+            "group_id": group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "max_partition_fetch_bytes": self.max_request_size,
+            "fetch_max_bytes": max(self.max_request_size, 52_428_800),
+        }
+
 
 def _reveal(secret: SecretStr | None) -> str | None:
     return secret.get_secret_value() if secret is not None else None

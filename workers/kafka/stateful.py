@@ -104,13 +104,8 @@ class ChangelogTable:
         if not wanted:
             return 0
         consumer = AIOKafkaConsumer(
-            **self.kafka.aiokafka_kwargs(),
+            **self.kafka.aiokafka_consumer_kwargs(group_id=None),
             client_id=f"{self.client_id}-restore",
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=self.kafka.max_request_size,
-            fetch_max_bytes=max(self.kafka.max_request_size, 52_428_800),
         )
         await consumer.start()
         applied = 0
@@ -168,17 +163,12 @@ class StageLoop:
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.commit_interval_s, self.idle_s = commit_interval_s, idle_s
         self._consumer_kwargs = dict(
-            **kafka.aiokafka_kwargs(),
+            **kafka.aiokafka_consumer_kwargs(group_id=group_id),
             client_id=f"{kafka.client_id}-{group_id}",
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
             session_timeout_ms=int(session_timeout_s * 1000),
             rebalance_timeout_ms=int(max(session_timeout_s, 60) * 1000),
             heartbeat_interval_ms=int(max(1.0, session_timeout_s / 10) * 1000),
             max_poll_interval_ms=600_000,
-            max_partition_fetch_bytes=kafka.max_request_size,
-            fetch_max_bytes=max(kafka.max_request_size, 52_428_800),
         )
         self.consumer: AIOKafkaConsumer | None = None  # made in `run` (aiokafka wants a loop)
         self.assigned: frozenset[int] = frozenset()

@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.stateful import EXIT_KAFKA_FAILURE, ChangelogTable, StageLoop
+from workers.kafka.stateful import ChangelogTable, StageLoop
 from workers.metrics import StageMetrics
 from workers.replay.batch import GroupProcessor, Routes
 from workers.replay.config import ReplayConfig
@@ -37,7 +37,7 @@ from workers.replay.policy import PolicyTracker
 from workers.replay.stats import ReplayStats
 from workers.replay.table import GroupTable
 
-__all__ = ["EXIT_KAFKA_FAILURE", "ReplayStage"]
+__all__ = ["ReplayStage"]
 
 log = logging.getLogger("rollout.replay")
 

@@ -2,7 +2,7 @@
 
 Counters only grow:
 
-    samples             scored trajectories consumed     ticks          wake-up ticks consumed
+    samples             scored trajectories consumed     ticks          idle sweeps (no sample for tick_interval_s)
     decode_errors       undecodable / wrong kind / key ≠ uid, dead-lettered
     duplicates          a sample index already in its group (redelivery, second attempt)
     late_samples        a new sample index for a group already finished (counted, logged)

@@ -31,13 +31,7 @@ class OutputLedger:
     def __init__(self, kafka: KafkaConfig, topic: str, *, client_id: str) -> None:
         self.topic = topic
         self._consumer = AIOKafkaConsumer(
-            **kafka.aiokafka_kwargs(),
-            client_id=client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=kafka.max_request_size,
-            fetch_max_bytes=max(kafka.max_request_size, 52_428_800),
+            **kafka.aiokafka_consumer_kwargs(group_id=None), client_id=client_id
         )
         self.partitions = 0
 
