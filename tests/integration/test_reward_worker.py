@@ -286,3 +286,63 @@ def test_sigkill_mid_stream_loses_nothing_and_emits_nothing_twice(
     print(f"before kill: {stats_before}\nafter restart: {after}")
     assert after.get("scored", 0) + stats_before.get("scored", 0) >= n
     assert os.path.exists(worker.stats_path)
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["recovery-point", "never-committed"])
+def test_outputs_of_an_uncommitted_batch_are_not_emitted_again(
+    committed: bool,
+    worker: Worker,
+    kafka_config: KafkaConfig,
+    topics_config: TopicsConfig,
+    tokenizer: Any,
+) -> None:
+    """A stage died after its outputs were acknowledged, before its DONE states and offsets.
+
+    The test plays that stage: `gone/0`'s output is on rl.scored, its turns are not
+    committed, and (with a commit) the recovery point is where rl.scored ended before the
+    output. The restarted stage must find it there and emit only `new/0`.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from workers.reward.ledger import format_recovery_point
+
+    scored_topic = topics_config.name("scored")
+    partitions = topics_config.scored.partitions
+    if committed:
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka_config.bootstrap, group_id=f"{topics_config.prefix}reward",
+            enable_auto_commit=False,
+        )  # fmt: skip
+        point = format_recovery_point(dict.fromkeys(range(partitions), 0))
+        turns_partitions = range(topics_config.turns.partitions)
+        consumer.commit(
+            {
+                TopicPartition(topics_config.name("turns"), p): OffsetAndMetadata(0, point, -1)
+                for p in turns_partitions
+            }
+        )
+        consumer.close()
+    gone = make_turns(tokenizer, "gone", ["a", "#### 1"], truth="1")
+    new = make_turns(tokenizer, "new", ["b", "#### 2"], truth="2")
+    earlier = ScoredTrajectory(
+        uid="gone", trajectory_id="gone/0", sample_index=0, attempt_id="a", data_source="x",
+        prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
+        num_turns=3, reward_score=1.0, extra_fields=ExtraFields(min_global_steps=1, max_global_steps=1),
+    )  # fmt: skip
+    producer = make_producer(kafka_config)
+    producer.send(
+        scored_topic, key=b"gone", value=encode(earlier),
+        headers=[*headers_for(earlier), ("rl.trajectory_id", b"gone/0")],
+    )  # fmt: skip
+    producer.flush(timeout=30)
+    producer.close()
+    produce(kafka_config, topics_config.name("turns"), [*gone, *new])
+    worker.start()
+    records = read_all(kafka_config, scored_topic, until=lambda r: len(r) >= 2, timeout=90)
+    time.sleep(3)  # a second `gone/0` would arrive by now
+    records = read_all(kafka_config, scored_topic, until=lambda r: False, timeout=3)
+    ids = Counter(decode(r.value).trajectory_id for r in records)
+    assert ids == {"gone/0": 1, "new/0": 1}, worker.log_tail()
+    stats = worker.stats()
+    assert stats["emit_recovered_present"] == 1 and stats["scored"] == 1, stats

@@ -11,14 +11,23 @@ partition when the group rebalances. This module is that machinery, and only tha
   a tombstone. `restore(partitions)` reads those changelog partitions from the beginning to
   their end offset and applies them.
 - `StageLoop`: the group consumer. It fetches a batch (up to `batch_size` records, waiting at
-  most `batch_within_s` for it to fill once the first record is there), hands it to the
-  stage's `process`, and only when `process` returns (everything the batch caused is
-  acknowledged) records the batch's offsets to commit (at least every `commit_interval_s`,
-  on every revocation and on shutdown). One lock is held around each batch and taken by
-  the rebalance listener, so a rebalance waits for the batch in flight, commits, and then
-  drops the revoked partitions' state; newly assigned partitions are restored before the
-  first fetch from them. With `idle_s` set, `process([])` runs that often when nothing
-  arrives (the replay stage expires groups there).
+  most `batch_within_s` for it to fill once the first record is there) and hands it to the
+  stage's `process`. Only once everything the batch caused is acknowledged does it record
+  the batch's offsets to commit (at least every `commit_interval_s`, on every revocation and
+  on shutdown). `process` either returns when that is so, or returns early with an
+  awaitable that settles it (the broker's acknowledgements): the loop then fetches and
+  processes the next batch while the previous one settles, so the stage's CPU work overlaps
+  its round trips to the broker. Batches settle in order; at most one is unsettled while
+  the next is processed. One lock is held around each batch and taken by the rebalance
+  listener, so a rebalance waits for the batch in flight, lets every batch settle, commits,
+  and then drops the revoked partitions' state; newly assigned partitions are restored
+  before the first fetch from them. With `idle_s` set, `process([])` runs that often when
+  nothing arrives (the replay stage expires groups there).
+- Commit metadata (optional, `commit_metadata`): a stage can attach a string to every offset
+  commit, computed when no batch is unsettled, and read what was committed with each
+  partition when it is assigned (`committed`). The reward stage records there how far the
+  output topic reached, so that after a crash it knows where to look for outputs of the
+  batches that were not committed.
 
 Why not faust: faust-streaming (0.15) abandons a record whose delivery to the stream is
 interrupted by a rebalance while still moving its read offset past it, and never fetches it
@@ -44,11 +53,12 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from workers.kafka.config import KafkaConfig
 
@@ -81,6 +91,10 @@ class ChangelogTable:
         assert self.producer is not None, "the stage sets the table's producer before writing"
         self._apply(key, value, partition)
         return self.producer.send(self.topic, value, key=key, partition=partition)
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        """Set an entry in memory only; the stage `write`s it once it may be persisted."""
+        self._apply(key, value, partition)
 
     def _apply(self, key: bytes, value: bytes | None, partition: int) -> None:
         if value is None:
@@ -134,8 +148,10 @@ class ChangelogTable:
         return applied
 
 
-Process = Callable[[list[ConsumerRecord]], Awaitable[None]]
+# `process` returns None once the batch is settled, or an awaitable that settles it.
+Process = Callable[[list[ConsumerRecord]], Awaitable[Awaitable[None] | None]]
 OnAssigned = Callable[[frozenset[int]], Awaitable[None] | None]
+CommitMetadata = Callable[[], Awaitable[str]]
 
 
 class StageLoop:
@@ -156,10 +172,13 @@ class StageLoop:
         commit_interval_s: float,
         session_timeout_s: float,
         idle_s: float | None = None,
+        commit_metadata: CommitMetadata | None = None,
     ) -> None:
         self.stage, self.topic, self.tables = stage, topic, tables
+        self.kafka, self.group_id = kafka, group_id
         self.bootstrap = kafka.bootstrap
         self.process, self.on_assigned = process, on_assigned
+        self.commit_metadata = commit_metadata
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.commit_interval_s, self.idle_s = commit_interval_s, idle_s
         self._consumer_kwargs = dict(
@@ -175,6 +194,12 @@ class StageLoop:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._uncommitted: dict[TopicPartition, int] = {}
+        self._unsettled: list[tuple[asyncio.Future[None], dict[int, int]]] = []
+        # With `commit_metadata`: what the group had committed for each assigned partition
+        # when it was assigned (offset -1 and "" if nothing), then what this loop committed.
+        self.committed: dict[int, OffsetAndMetadata] = {}
+        self._returned: set[int] = set()  # partitions with records handed to `process`
+        self._last_metadata: str | None = None
         self._last_commit = time.monotonic()
 
     def stop(self) -> None:
@@ -221,6 +246,7 @@ class StageLoop:
                     if time.monotonic() - self._last_commit >= self.commit_interval_s:
                         await self._commit()
             async with self._lock:
+                await self._settle()
                 await self._commit()
         finally:
             await consumer.stop()
@@ -244,19 +270,58 @@ class StageLoop:
 
     async def _process(self, records: list[ConsumerRecord]) -> None:
         try:
-            await self.process(records)
+            settle = await self.process(records)
         except Exception:
             # Nothing of this batch is committed: whoever owns its partitions next gets it again.
-            log.critical("%s batch failed; exiting without commit", self.stage, exc_info=True)
+            self._fail("batch failed; exiting without commit")
+        last: dict[int, int] = {}
+        for record in records:
+            last[record.partition] = record.offset + 1
+        self._returned |= set(last)
+        if settle is None and not self._unsettled:
+            self._record(last)
+            return
+        future = asyncio.ensure_future(settle if settle is not None else asyncio.sleep(0))
+        future.add_done_callback(self._settled)
+        self._unsettled.append((future, last))
+        await self._settle(keep=1)
+
+    def _settled(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            exc = future.exception()
+            log.critical("%s batch failed to settle; exiting without commit", self.stage,
+                         exc_info=(type(exc), exc, exc.__traceback__))  # fmt: skip
             logging.shutdown()
             os._exit(EXIT_KAFKA_FAILURE)
-        for record in records:
-            self._uncommitted[TopicPartition(record.topic, record.partition)] = record.offset + 1
+
+    async def _settle(self, keep: int = 0) -> None:
+        """Wait for the oldest unsettled batches until `keep` are left; record their offsets."""
+        while len(self._unsettled) > keep or (self._unsettled and self._unsettled[0][0].done()):
+            future, last = self._unsettled[0]
+            await future
+            self._unsettled.pop(0)
+            self._record(last)
+
+    def _record(self, last: dict[int, int]) -> None:
+        for partition, offset in last.items():
+            self._uncommitted[TopicPartition(self.topic, partition)] = offset
+
+    def _fail(self, message: str) -> NoReturn:
+        log.critical("%s %s", self.stage, message, exc_info=True)
+        logging.shutdown()
+        os._exit(EXIT_KAFKA_FAILURE)
 
     async def _commit(self) -> None:
-        """Commit the offsets after every processed record (the lock is held)."""
+        """Commit the offsets after every settled record (the lock is held)."""
         self._last_commit = time.monotonic()
-        offsets = {tp: o for tp, o in self._uncommitted.items() if tp.partition in self.assigned}
+        if self.commit_metadata is not None:
+            await self._settle()
+            offsets = await self._offsets_with_metadata()
+        else:
+            await self._settle(keep=len(self._unsettled))  # only the ones already settled
+            offsets = {
+                tp: o for tp, o in self._uncommitted.items() if tp.partition in self.assigned
+            }
         self._uncommitted.clear()
         if not offsets:
             return
@@ -266,19 +331,53 @@ class StageLoop:
         except (CommitFailedError, IllegalStateError) as exc:
             # The group moved on: the new owner gets these records again (and de-duplicates).
             log.warning("%s: offsets not committed (%s); they will be redelivered", self.stage, exc)
+            return
         except KafkaError:
-            log.critical("%s: cannot commit offsets; exiting", self.stage, exc_info=True)
-            logging.shutdown()
-            os._exit(EXIT_KAFKA_FAILURE)
+            self._fail("cannot commit offsets; exiting")
+        for tp, committed in offsets.items():
+            if isinstance(committed, OffsetAndMetadata):
+                self.committed[tp.partition] = committed
+
+    async def _offsets_with_metadata(self) -> dict[TopicPartition, Any]:
+        """Every assigned partition's offset, with the stage's metadata (no batch unsettled).
+
+        Partitions without new records are committed again with the fresh metadata, so that
+        what each partition's commit says stays recent; a partition that never had a commit
+        and handed out no record yet gets its beginning offset (where it would start anyway).
+        """
+        assert self.commit_metadata is not None and self.consumer is not None
+        metadata = await self.commit_metadata()
+        if not self._uncommitted and metadata == self._last_metadata:
+            return {}
+        self._last_metadata = metadata
+        offsets: dict[TopicPartition, Any] = {}
+        fresh: list[TopicPartition] = []
+        for partition in sorted(self.assigned):
+            tp = TopicPartition(self.topic, partition)
+            known = self.committed.get(partition)
+            if tp in self._uncommitted:
+                offsets[tp] = OffsetAndMetadata(self._uncommitted[tp], metadata)
+            elif known is not None and known.offset >= 0:
+                offsets[tp] = OffsetAndMetadata(known.offset, metadata)
+            elif partition not in self._returned:
+                fresh.append(tp)
+        if fresh:
+            for tp, offset in (await self.consumer.beginning_offsets(fresh)).items():
+                offsets[tp] = OffsetAndMetadata(offset, metadata)
+        return offsets
 
     async def revoked(self, partitions: set[int]) -> None:
         async with self._lock:  # waits for the batch in flight
+            await self._settle()
             await self._commit()
             self.assigned = frozenset()
+            self._returned.clear()
         log.info("%s: partitions %s revoked", self.stage, sorted(partitions))
 
     async def assigned_now(self, partitions: set[int]) -> None:
         async with self._lock:
+            if self.commit_metadata is not None:
+                self.committed = await self._fetch_committed(partitions)
             for table in self.tables:
                 table.drop(table.partitions - partitions)
                 await table.restore(partitions)
@@ -288,6 +387,21 @@ class StageLoop:
                 if result is not None:
                     await result
         log.info("%s: partitions %s assigned", self.stage, sorted(partitions))
+
+    async def _fetch_committed(self, partitions: set[int]) -> dict[int, OffsetAndMetadata]:
+        """The group's committed offset and metadata of each partition (-1, "" if none)."""
+        admin = AIOKafkaAdminClient(
+            **self.kafka.aiokafka_kwargs(),
+            client_id=f"{self.kafka.client_id}-{self.group_id}-admin",
+        )
+        await admin.start()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            found = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        finally:
+            await admin.close()
+        none = OffsetAndMetadata(-1, "")
+        return {tp.partition: found.get(tp, none) for tp in tps}
 
 
 def _tune_gc() -> None:

@@ -5,7 +5,7 @@ bytes: `to_bytes`/`from_bytes`). `apply_turn` folds one turn into it:
 
     (none) ──turn──► ASSEMBLING ──all of turns 0..final present──► complete (caller scores)
     ASSEMBLING ──turn 0 of another attempt──► ASSEMBLING (new attempt; old one superseded)
-    complete ──caller──► EMITTING (marker persisted, output being produced) ──► DONE
+    complete ──caller: output or dead letter acknowledged──► DONE
 
 Rules (one attempt per trajectory, the first attempt to complete wins):
 - a turn of the held attempt is added; a repeated turn index is a duplicate (first kept);
@@ -14,8 +14,8 @@ Rules (one attempt per trajectory, the first attempt to complete wins):
   later turns are dropped as stale — even one that would have completed first;
 - a non-initial turn of an attempt not held is dropped as stale (an attempt's turn 0 always
   precedes its other turns in the trajectory's partition);
-- once a trajectory is complete (or EMITTING, or DONE) every further turn is dropped; a
-  final one counts as a duplicate completion.
+- once a trajectory is complete (or DONE) every further turn is dropped; a final one counts
+  as a duplicate completion.
 - a trajectory is complete when its final turn (`final=True`, index k) and every turn
   0..k of the held attempt are present, whatever order they arrived in.
 
@@ -46,7 +46,7 @@ __all__ = [
     "assemble",
 ]
 
-Status = Literal["assembling", "emitting", "done"]
+Status = Literal["assembling", "done"]
 Outcome = Literal[
     "added",
     "complete",
@@ -71,7 +71,6 @@ class TrajectoryState:
     turns: dict[int, bytes] = field(default_factory=dict)
     final_index: int | None = None
     superseded: list[str] = field(default_factory=list)
-    emit_since: dict[int, int] | None = None  # EMITTING: rl.scored partition → end offset before
     outcome: str | None = None  # DONE: "scored" | "failure_scored" | "dead_lettered"
 
     @property
@@ -87,7 +86,6 @@ class TrajectoryState:
                 "s": self.status,
                 "f": self.final_index,
                 "sup": self.superseded,
-                "since": {str(p): o for p, o in (self.emit_since or {}).items()} or None,
                 "out": self.outcome,
                 "idx": order,
                 "len": [len(self.turns[i]) for i in order],
@@ -107,30 +105,16 @@ class TrajectoryState:
         for index, length in zip(head["idx"], head["len"], strict=True):
             turns[index] = bytes(data[pos : pos + length])
             pos += length
-        since = head.get("since")
+        # "emitting" was written by stages before the recovery point moved to the offset
+        # commits: its turns are the persisted ones, and the rest are redelivered.
+        status = "done" if head["s"] == "done" else "assembling"
         return cls(
             attempt_id=head["a"],
-            status=head["s"],
+            status=status,
             turns=turns,
             final_index=head["f"],
             superseded=list(head["sup"]),
-            emit_since={int(p): int(o) for p, o in since.items()} if since else None,
             outcome=head.get("out"),
-        )
-
-    def marker(self, since: dict[int, int], keep: set[int]) -> TrajectoryState:
-        """The EMITTING marker to persist: this state with only the turns in `keep`.
-
-        The caller keeps only turns already persisted before this batch; the others are
-        uncommitted input, redelivered after a crash, so the marker need not carry them.
-        """
-        return TrajectoryState(
-            attempt_id=self.attempt_id,
-            status="emitting",
-            turns={i: raw for i, raw in self.turns.items() if i in keep},
-            final_index=self.final_index,
-            superseded=list(self.superseded),
-            emit_since=dict(since),
         )
 
     def mark_done(self, outcome: str) -> None:
@@ -138,7 +122,6 @@ class TrajectoryState:
         self.status = "done"
         self.outcome = outcome
         self.turns = {}
-        self.emit_since = None
 
 
 def apply_turn(
@@ -148,7 +131,7 @@ def apply_turn(
     if state is None:
         state = TrajectoryState(attempt_id=turn.attempt_id)
     if state.status != "assembling" or state.complete:
-        # Scored or being scored (complete wins): nothing changes the trajectory any more.
+        # Scored, or complete and being scored: nothing changes the trajectory any more.
         return state, ("duplicate_completion" if turn.final else "after_done")
     if turn.attempt_id != state.attempt_id:
         if turn.attempt_id in state.superseded or turn.turn_index != 0:

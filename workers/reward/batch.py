@@ -1,0 +1,261 @@
+"""One batch of the reward stage: turns in, complete trajectories scored and produced.
+
+`TurnProcessor.process(records)` takes one batch of `rl.turns` records and:
+
+1. decodes each turn (undecodable, or key ≠ trajectory id → `rl.dlq`) and folds it into its
+   trajectory's state from the table (`assembler` has the rules);
+2. takes the trajectories that became complete: one already on `rl.scored` since the
+   recovery point (`recovered`, after a crash) is only marked DONE; the others are
+   assembled and scored, concurrently (`dispatch`);
+3. sends every changed unfinished state to the changelog, each output to `rl.scored` (key
+   uid, header `rl.trajectory_id`) and each dead letter to `rl.dlq`, and marks their
+   trajectories DONE in memory, so later batches drop their turns;
+
+and returns without waiting for the broker. What it returns settles the batch: it awaits
+every acknowledgement, then persists the DONE states and awaits those too. The stage's loop
+commits the batch's offsets only once it has settled, and processes the next batch
+meanwhile. A DONE state therefore reaches the changelog only after its output is
+acknowledged, and an offset is committed only after everything it caused is.
+
+Exactly once on `rl.scored`: after a crash, the turns of the uncommitted batches come again.
+A trajectory whose DONE state was persisted drops them; one whose output landed but whose
+DONE did not is in `recovered` (read from `rl.scored` since the commit's recovery point) and
+is marked DONE without a second output. The only way to get a duplicate is the broker
+accepting an output whose acknowledgement the stage never saw *and* the record landing after
+the restart's scan (seconds later); consumers can still de-duplicate by `trajectory_id`.
+Dead letters are at-least-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from schemas.codec import decode_as, encode, headers_for
+from schemas.deadletter import DeadLetter
+from schemas.errors import DecodeError
+from schemas.events import ScoredTrajectory, TurnEvent
+from workers.kafka.stateful import ChangelogTable
+from workers.metrics import StageMetrics
+from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
+from workers.reward.config import RewardConfig
+from workers.reward.dispatch import Dispatcher, Score
+from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
+from workers.reward.ledger import TRAJECTORY_HEADER, OutputLedger
+from workers.reward.letters import record_letter, trajectory_letter
+from workers.reward.stats import RewardStats
+
+__all__ = ["TurnProcessor"]
+
+log = logging.getLogger("rollout.reward")
+
+_CHANGES = {"added", "complete", "replaced_attempt"}
+# A batch is CPU work; the previous batch settles on the event loop between its steps.
+_YIELD_EVERY = 128
+
+
+class TurnProcessor:
+    """The work of each batch, over the stage's table and clients."""
+
+    def __init__(
+        self,
+        config: RewardConfig,
+        table: ChangelogTable,
+        *,
+        producer: AIOKafkaProducer,
+        ledger: OutputLedger,
+        dispatcher: Dispatcher,
+        stats: RewardStats,
+        metrics: StageMetrics,
+        topics: tuple[str, str, str],
+    ) -> None:
+        self.config, self.table = config, table
+        self.producer, self.ledger, self.dispatcher = producer, ledger, dispatcher
+        self.stats, self.metrics = stats, metrics
+        self.turns_topic, self.scored_topic, self.dlq_topic = topics
+        self.recovered: set[str] = set()  # trajectory ids on rl.scored since the recovery point
+        self.assembling: set[bytes] = set()  # trajectories with turns seen, not yet finished
+
+    def _load(self, key: bytes) -> TrajectoryState | None:
+        raw = self.table.get(key)
+        return TrajectoryState.from_bytes(raw) if raw else None
+
+    async def process(self, records: list[ConsumerRecord]) -> Awaitable[None]:
+        """Steps 1-3 of the module doc; the awaitable that settles the batch."""
+        started = time.monotonic()
+        self.stats.add("batches")
+        self.stats.add("turns", len(records))
+        self.metrics.consumed(self.turns_topic, len(records))
+        acks: list[Any] = []  # broker futures of everything sent
+        decoded: list[tuple[ConsumerRecord, TurnEvent]] = []
+        for n, record in enumerate(records, 1):
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let the previous batch's acknowledgements in
+            try:
+                turn = decode_as(record.value, TurnEvent)
+                if record.key is not None and record.key != turn.trajectory_id.encode():
+                    # A mis-keyed turn sits in another partition than its trajectory.
+                    raise DecodeError(
+                        f"record key {record.key!r} is not the turn's trajectory id"
+                        f" {turn.trajectory_id!r}",
+                        cause="key_mismatch",
+                    )
+            except DecodeError as exc:
+                self.stats.add("decode_errors")
+                acks.append(await self._send_letter(record_letter(record, exc)))
+                continue
+            decoded.append((record, turn))
+
+        states: dict[bytes, TrajectoryState | None] = {}
+        first: dict[bytes, int] = {}  # key → partition of its turns
+        fresh: dict[tuple[bytes, str, int], TurnEvent] = {}  # decoded in this batch
+        dirty: set[bytes] = set()
+        completed: dict[bytes, ConsumerRecord] = {}
+        for record, turn in decoded:
+            key = turn.trajectory_id.encode()
+            fresh.setdefault((key, turn.attempt_id, turn.turn_index), turn)
+            if key not in states:
+                states[key] = self._load(key)
+                first[key] = record.partition
+            state, outcome = apply_turn(states[key], turn, record.value)
+            states[key] = state
+            self.stats.add(outcome)
+            if outcome in _CHANGES:
+                dirty.add(key)
+            if outcome == "complete":
+                completed[key] = record
+        mark = self.stats.timing("t_decode", started)
+
+        done: list[tuple[bytes, str]] = []  # key, outcome: DONE once acknowledged
+        recovered: list[bytes] = []  # emitted before a crash: DONE, not counted again
+        drafts: list[tuple[bytes, ConsumerRecord, Assembled]] = []
+        for key, record in completed.items():
+            state = states[key]
+            assert state is not None
+            if key.decode() in self.recovered:
+                self.stats.add("emit_recovered_present")
+                recovered.append(key)
+                continue
+            try:
+                known = {
+                    i: fresh[key, state.attempt_id, i]
+                    for i in state.turns
+                    if (key, state.attempt_id, i) in fresh
+                }
+                drafts.append((key, record, assemble(state, known)))
+            except DecodeError as exc:
+                raw_final = state.turns[state.final_index or 0]
+                acks.append(await self._send_letter(record_letter(record, exc, value=raw_final)))
+                done.append((key, "dead_lettered"))
+        await asyncio.sleep(0)
+        results = await self.dispatcher.score_batch([d[2] for d in drafts])
+        mark = self.stats.timing("t_score", mark)
+
+        outputs: list[tuple[ScoredTrajectory, float | None]] = []  # and when turn 0 was made
+        for (key, record, draft), result in zip(drafts, results, strict=True):
+            scored, outcome = self._judge(draft, result)
+            if outcome == "dead_lettered":
+                assert isinstance(result, RewardError)
+                acks.append(await self._send_letter(trajectory_letter(record, scored, result)))
+            else:
+                partition = self.ledger.partition_for(scored.uid)
+                acks.append(
+                    await self.producer.send(
+                        self.scored_topic,
+                        encode(scored),
+                        key=scored.uid.encode(),
+                        partition=partition,
+                        headers=[
+                            *headers_for(scored),
+                            (TRAJECTORY_HEADER, scored.trajectory_id.encode()),
+                        ],
+                    )
+                )
+                outputs.append((scored, draft.started_at))
+            done.append((key, outcome))
+        for _, outcome in done:
+            self.stats.add(outcome)
+        for key in dirty:
+            state = states[key]
+            assert state is not None
+            if state.status == "assembling" and not state.complete:
+                acks.append(await self.table.write(key, state.to_bytes(), first[key]))
+        finished: list[tuple[bytes, bytes, int]] = []
+        for key, outcome in [*done, *((key, "scored") for key in recovered)]:
+            state = states[key]
+            assert state is not None
+            state.mark_done(outcome)
+            value = state.to_bytes()
+            self.table.put(key, value, first[key])
+            finished.append((key, value, first[key]))
+        for key, state in states.items():
+            if state is not None and state.status == "assembling":
+                self.assembling.add(key)
+            else:
+                self.assembling.discard(key)
+        self.stats.timing("t_send", mark)
+        self.stats.timing("t_batch", started)
+        return self._settle(acks, finished, outputs)
+
+    def _judge(self, draft: Assembled, result: Any) -> tuple[ScoredTrajectory, str]:
+        """The trajectory with its score, and its outcome: scored, failure_scored, dead_lettered."""
+        if isinstance(result, Score):
+            return (
+                ScoredTrajectory(**draft.fields, reward_score=result.value, reward_extra=result.extra),
+                "scored",
+            )  # fmt: skip
+        self.stats.add("scorer_timeouts" if isinstance(result, ScorerTimeout) else "scorer_errors")
+        if isinstance(result, UnknownDataSource):
+            self.stats.add("unknown_data_source")
+        tagged = ScoredTrajectory(
+            **draft.fields,
+            reward_score=self.config.failure_score,
+            reward_extra={
+                "reward_failed": True,
+                "reward_error_class": getattr(result, "error_class", type(result).__name__),
+                "reward_error_cause": result.cause,
+                "reward_error": str(result)[:1000],
+            },
+        )
+        if self.config.on_failure == "score" and not isinstance(result, UnknownDataSource):
+            return tagged, "failure_scored"
+        return tagged, "dead_lettered"
+
+    async def _settle(
+        self,
+        acks: list[Any],
+        finished: list[tuple[bytes, bytes, int]],
+        outputs: list[tuple[ScoredTrajectory, float | None]],
+    ) -> None:
+        """Every acknowledgement; then the DONE states, persisted and acknowledged."""
+        started = time.monotonic()
+        if acks:
+            await asyncio.gather(*acks)
+        now = time.time()
+        self.metrics.produced(self.scored_topic, len(outputs))
+        for _, first_turn in outputs:
+            if first_turn is not None:
+                self.metrics.observe_trajectory(now - first_turn)
+        writes = [
+            await self.table.write(key, value, partition) for key, value, partition in finished
+        ]
+        if writes:
+            await asyncio.gather(*writes)
+        self.stats.timing("t_settle", started)
+
+    async def _send_letter(self, letter: DeadLetter) -> Any:
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s (%s): %s",
+            letter.topic, letter.partition, letter.offset,
+            letter.error_class, letter.error_cause, letter.error_message[:200],
+        )  # fmt: skip
+        self.metrics.dead_letter(letter.error_class, self.dlq_topic)
+        return await self.producer.send(
+            self.dlq_topic, letter.value, key=letter.key, headers=letter.headers()
+        )
