@@ -32,7 +32,7 @@ def pack(array: np.ndarray, dtype: str) -> str:
     return pybase64.b64encode(data.data).decode("ascii")
 
 
-def unpack(text: str | bytes, dtype: str) -> np.ndarray:
+def unpack(text: str | bytes, dtype: str | np.dtype[Any]) -> np.ndarray:
     """Inverse of `pack`: a read-only array viewing the decoded bytes."""
     raw = pybase64.b64decode(text, validate=True)
     itemsize = np.dtype(dtype).itemsize
@@ -43,8 +43,17 @@ def unpack(text: str | bytes, dtype: str) -> np.ndarray:
 
 def _validator(dtype: str) -> Any:
     kind = np.dtype(dtype).kind
+    exact = np.dtype(dtype)
+    itemsize = exact.itemsize
 
     def coerce(value: Any) -> np.ndarray:
+        if type(value) is str:  # the wire form: every decoded message takes this path
+            raw = pybase64.b64decode(value, validate=True)
+            if len(raw) % itemsize:
+                raise ValueError(
+                    f"packed {dtype} array has {len(raw)} bytes, not a multiple of {itemsize}"
+                )
+            return np.frombuffer(raw, dtype=exact)
         if isinstance(value, str | bytes):
             return unpack(value, dtype)
         if isinstance(value, np.ndarray):

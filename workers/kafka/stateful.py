@@ -316,7 +316,10 @@ class StageLoop:
         self._last_commit = time.monotonic()
         if self.commit_metadata is not None:
             await self._settle()
-            offsets = await self._offsets_with_metadata()
+            try:
+                offsets = await self._offsets_with_metadata()
+            except KafkaError:
+                self._fail("cannot read the commit metadata; exiting")
         else:
             await self._settle(keep=len(self._unsettled))  # only the ones already settled
             offsets = {

@@ -35,7 +35,7 @@ import orjson
 
 from schemas.codec import decode_as
 from schemas.errors import DecodeError
-from schemas.events import ExtraFields, TurnEvent
+from schemas.events import TurnEvent
 
 __all__ = [
     "Assembled",
@@ -60,6 +60,7 @@ Outcome = Literal[
 _MAGIC = b"RT1"
 _HEAD = struct.Struct(">I")
 _MAX_SUPERSEDED = 16
+_NUMBER = (int, float)
 
 
 @dataclass
@@ -181,23 +182,25 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         raise DecodeError("turn 0 carries no prompt_ids or data_source", cause="incomplete_turn0")
     if last.extra_fields is None or last.num_turns is None:
         raise DecodeError("the final turn carries no totals", cause="incomplete_final")
-    ids = [t.token_ids for t in turns]
-    response_ids = np.concatenate(ids) if ids else np.zeros(0, dtype="<i4")
-    mask = np.concatenate([np.full(len(t.token_ids), t.loss_mask, dtype="u1") for t in turns])
-    logprobs = np.concatenate(
-        [
-            t.logprobs
-            if t.logprobs is not None and t.loss_mask
-            else np.zeros(len(t.token_ids), dtype="<f4")
-            for t in turns
-        ]
-    )
-    extra = last.extra_fields.model_dump()
-    extra["min_global_steps"] = min(
-        [extra["min_global_steps"], *(t.min_global_steps for t in turns)]
-    )
-    extra["max_global_steps"] = max(
-        [extra["max_global_steps"], *(t.max_global_steps for t in turns)]
+    lengths = [len(t.token_ids) for t in turns]
+    response_ids = np.concatenate([t.token_ids for t in turns])
+    mask = np.repeat(np.array([t.loss_mask for t in turns], dtype="u1"), lengths)
+    logprobs = np.zeros(len(response_ids), dtype="<f4")  # 0 where the policy sampled nothing
+    end = 0
+    for t, n in zip(turns, lengths, strict=True):
+        end += n
+        if t.logprobs is not None and t.loss_mask:
+            logprobs[end - n : end] = t.logprobs
+    # Within each turn min <= max, so the span over all turns is ordered too.
+    extra_fields = last.extra_fields.model_copy(
+        update={
+            "min_global_steps": min(
+                last.extra_fields.min_global_steps, *(t.min_global_steps for t in turns)
+            ),
+            "max_global_steps": max(
+                last.extra_fields.max_global_steps, *(t.max_global_steps for t in turns)
+            ),
+        }
     )
     reward_spec = first.reward_model
     fields = {
@@ -215,10 +218,10 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         "turn_scores": [
             float(t.metrics["turn_score"])
             for t in turns
-            if isinstance(t.metrics.get("turn_score"), int | float)
+            if isinstance(t.metrics.get("turn_score"), _NUMBER)
         ],
         "group_size": first.group_size,
-        "extra_fields": ExtraFields(**extra),
+        "extra_fields": extra_fields,
     }
     return Assembled(
         fields=fields,

@@ -10,7 +10,11 @@ On one broker, in one run, over the same messages (N trajectories × `turns` tur
   messages lasts well under a second, so one run swings with the machine's noise (13k to
   27k msgs/s seen in one hour): the aiokafka copy runs `copy_runs` times, one before the
   stage and the rest after it, and the best run counts (the conservative choice: the
-  ratio's denominator is the fastest copy seen).
+  ratio's denominator is the fastest copy seen);
+- decoding copy (reported beside the ratio, not instead of it): the aiokafka copy again, but
+  each message is decoded through the codec (validated into a `TurnEvent`) before its bytes
+  are produced: the least work of any stage that validates every message it reads.
+  `ratio_to_decoding_copy` compares the stage with it.
 
 Every rate is measured the same way: from the CreateTime timestamps of the first and last
 output record ((count − 1) / span), so start-up, group joins and table recovery are
@@ -118,8 +122,14 @@ def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int) -> No
         consumer.close()
 
 
-async def _copy_aiokafka(kafka: KafkaConfig, src: str, dst: str, count: int) -> None:
+async def _copy_aiokafka(
+    kafka: KafkaConfig, src: str, dst: str, count: int, *, decode_each: bool = False
+) -> None:
+    """Consume `count` messages of `src` and produce them to `dst`; with `decode_each`,
+    each is first decoded through the codec (validated), and its bytes are passed on."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from schemas.codec import decode
 
     consumer = AIOKafkaConsumer(
         src, **kafka.aiokafka_kwargs(), group_id=None, auto_offset_reset="earliest",
@@ -138,6 +148,8 @@ async def _copy_aiokafka(kafka: KafkaConfig, src: str, dst: str, count: int) -> 
             futures = []
             for batch in batches.values():
                 for r in batch:
+                    if decode_each:
+                        decode(r.value)
                     futures.append(
                         await producer.send(dst, r.value, key=r.key, headers=list(r.headers))
                     )
@@ -220,7 +232,7 @@ def run(
     if copy_runs < 1:
         raise ValueError("copy_runs must be at least 1")
     topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
-    copies = [f"{topics.prefix}copy-kp"] + [
+    copies = [f"{topics.prefix}copy-kp", f"{topics.prefix}copy-decode"] + [
         f"{topics.prefix}copy-aio-{i}" for i in range(copy_runs)
     ]
     with tempfile.TemporaryDirectory(prefix="reward-bench-") as tmpdir:
@@ -250,16 +262,19 @@ def run(
             producer.close()
             msgs = len(events)
 
-            def copy_aiokafka(dst: str) -> float:
-                asyncio.run(_copy_aiokafka(kafka, topics.name("turns"), dst, msgs))
+            def copy_aiokafka(dst: str, decode_each: bool = False) -> float:
+                asyncio.run(
+                    _copy_aiokafka(kafka, topics.name("turns"), dst, msgs, decode_each=decode_each)
+                )
                 return _rate(_timestamps(kafka, dst, msgs, timeout_s))
 
-            aio_runs = [copy_aiokafka(copies[1])]
+            aio_runs = [copy_aiokafka(copies[2])]
             stage = _rate(
                 _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
             )
             stage_stats = json.loads((tmp / "stats.json").read_text())
-            aio_runs += [copy_aiokafka(dst) for dst in copies[2:]]
+            aio_runs += [copy_aiokafka(dst) for dst in copies[3:]]
+            decoding = copy_aiokafka(copies[1], decode_each=True)
             aio = max(aio_runs)
             _copy_kafka_python(kafka, topics.name("turns"), copies[0], msgs)
             kp = _rate(_timestamps(kafka, copies[0], msgs, timeout_s))
@@ -283,6 +298,8 @@ def run(
         "copy_trajectories_per_s": round(copy_traj, 1),
         "ratio": round(stage / copy_traj, 3) if copy_traj else 0.0,
         "target_ratio": 0.5,
+        "copy_decoding_msgs_per_s": round(decoding, 1),
+        "ratio_to_decoding_copy": round(stage / (decoding / turns), 3) if decoding else 0.0,
         "math_verify_items_per_s": round(math_rate, 1),
         "pool_workers": pool_workers,
         "batch_size": batch_size,

@@ -130,11 +130,27 @@ class Dispatcher:
         if self.kind == "reward_model":
             return await self._score_rm(items)
         texts = self._decode(items)
-        return list(
-            await asyncio.gather(
-                *(self._guarded(item, text) for item, text in zip(items, texts, strict=True))
-            )
+        results: list[Score | RewardError | None] = [None] * len(items)
+        waits: list[int] = []
+        for i, (item, text) in enumerate(zip(items, texts, strict=True)):
+            if self.kind == "rule" and self.config.data_sources.get(item.data_source) == "gsm8k":
+                results[i] = self._gsm8k(item, text)  # microseconds: no task for it
+            else:
+                waits.append(i)
+        if waits:
+            done = await asyncio.gather(*(self._guarded(items[i], texts[i]) for i in waits))
+            for i, result in zip(waits, done, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    def _gsm8k(self, item: Assembled, text: str) -> Score | RewardError:
+        if item.ground_truth is None:
+            return ScorerError("gsm8k scorer needs reward_model.ground_truth; it is missing")
+        g = self.config.gsm8k
+        value = gsm8k_score(
+            text, item.ground_truth, method=g.method, format_score=g.format_score, score=g.score
         )
+        return Score(value, {"scorer": "gsm8k"})
 
     def _decode(self, items: list[Assembled]) -> list[str]:
         """The response text of each item: whole, or only its tail where gsm8k scores it.
@@ -181,12 +197,6 @@ class Dispatcher:
             raise UnknownDataSource(item.data_source)
         if item.ground_truth is None:
             raise ScorerError(f"{scorer} scorer needs reward_model.ground_truth; it is missing")
-        if scorer == "gsm8k":
-            g = self.config.gsm8k
-            value = gsm8k_score(
-                text, item.ground_truth, method=g.method, format_score=g.format_score, score=g.score
-            )
-            return Score(value, {"scorer": "gsm8k"})
         assert self.pool is not None, "the math scorer needs the process pool"
         m = self.config.math
         result = await self.pool.run(
@@ -263,25 +273,29 @@ class Dispatcher:
 def decode_tail(tokenizer: Any, arrays: list[np.ndarray], chars: int) -> list[str]:
     """Text that ends each token array and holds at least its last `chars` characters.
 
-    Decodes a suffix of 64 tokens, doubling it for the arrays whose text is still shorter
-    than `chars` plus a margin (the first token of a suffix may decode differently from
-    the same token in context: a split multi-byte character), up to the whole array; a
-    whole array's text is returned as is. So `decode_tail(...)[i][-chars:]` equals the last
-    `chars` characters of the whole decode.
+    Decodes a suffix of 128 tokens; for the arrays whose text is still shorter than `chars`
+    plus a margin (the first token of a suffix may decode differently from the same token
+    in context: a split multi-byte character), decodes again a suffix sized from the
+    characters per token seen so far (with a quarter to spare, at least twice as long), up
+    to the whole array; a whole array's text is returned as is. So
+    `decode_tail(...)[i][-chars:]` equals the last `chars` characters of the whole decode.
     """
     out = [""] * len(arrays)
-    todo = list(range(len(arrays)))
-    window = 64
-    while todo:
-        ids = [arrays[i][-window:].tolist() for i in todo]
+    want = chars + 8
+    windows = dict.fromkeys(range(len(arrays)), 128)
+    while windows:
+        todo = list(windows)
+        ids = [arrays[i][-windows[i] :].tolist() for i in todo]
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-        again = []
+        again: dict[int, int] = {}
         for i, text in zip(todo, texts, strict=True):
-            if len(arrays[i]) <= window or len(text) >= chars + 8:
+            window = windows[i]
+            if len(arrays[i]) <= window or len(text) >= want:
                 out[i] = text
             else:
-                again.append(i)
-        todo, window = again, window * 2
+                per_token = max(len(text), 1) / window
+                again[i] = max(2 * window, int(want / per_token * 1.25) + 1)
+        windows = again
     return out
 
 
