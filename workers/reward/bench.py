@@ -269,9 +269,8 @@ def run(
                 return _rate(_timestamps(kafka, dst, msgs, timeout_s))
 
             aio_runs = [copy_aiokafka(copies[2])]
-            stage = _rate(
-                _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
-            )
+            outputs = _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
+            stage = _rate(outputs)
             stage_stats = json.loads((tmp / "stats.json").read_text())
             aio_runs += [copy_aiokafka(dst) for dst in copies[3:]]
             decoding = copy_aiokafka(copies[1], decode_each=True)
@@ -291,6 +290,7 @@ def run(
         "turns_per_trajectory": turns,
         "tokens_per_turn": tokens,
         "stage_trajectories_per_s": round(stage, 1),
+        "stage_outputs": len(outputs),
         "copy_kafka_python_msgs_per_s": round(kp, 1),
         "copy_aiokafka_msgs_per_s": round(aio, 1),
         "copy_aiokafka_runs_msgs_per_s": [round(r, 1) for r in aio_runs],
