@@ -78,6 +78,12 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
+    def configure(self, **reward: Any) -> None:
+        """Change settings of the reward section (before `start`)."""
+        data = json.loads(self.config.read_text())
+        data["reward"].update(reward)
+        self.config.write_text(json.dumps(data))
+
     def start(self) -> None:
         self.runs += 1
         log = open(self.tmp / f"worker-{self.runs}.log", "wb")
@@ -346,3 +352,31 @@ def test_outputs_of_an_uncommitted_batch_are_not_emitted_again(
     assert ids == {"gone/0": 1, "new/0": 1}, worker.log_tail()
     stats = worker.stats()
     assert stats["emit_recovered_present"] == 1 and stats["scored"] == 1, stats
+
+
+def test_done_states_are_deleted_after_their_retention(
+    worker: Worker, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer: Any
+) -> None:
+    """DONE states do not pile up: past `done_retention_s` the next batch deletes them from
+    the table and writes a tombstone to the changelog (so compaction drops them too)."""
+    worker.configure(done_retention_s=2.0)
+    turns_topic, scored_topic = topics_config.name("turns"), topics_config.name("scored")
+    worker.start()
+    produce(kafka_config, turns_topic, make_turns(tokenizer, "old", ["#### 1"], truth="1"))
+    assert len(read_all(kafka_config, scored_topic, until=lambda r: len(r) >= 1, timeout=90)) == 1
+    time.sleep(3)
+    produce(kafka_config, turns_topic, make_turns(tokenizer, "next", ["#### 2"], truth="2"))
+    assert len(read_all(kafka_config, scored_topic, until=lambda r: len(r) >= 2, timeout=60)) == 2
+    changelog = f"{topics_config.prefix}reward-trajectories-changelog"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        writes = [
+            r.value
+            for r in read_all(kafka_config, changelog, until=lambda r: False, timeout=2)
+            if r.key == b"old/0"
+        ]
+        if writes and writes[-1] is None:
+            break
+    assert writes and writes[-1] is None, f"old/0 writes: {writes}\n{worker.log_tail()}"
+    assert b'"s":"done"' in writes[-2]  # the DONE state, then its tombstone
+    assert worker.stats().get("done_expired", 0) >= 1

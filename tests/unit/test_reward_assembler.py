@@ -108,8 +108,9 @@ def test_state_bytes_round_trip() -> None:
     state.superseded = ["old"]
     again = TrajectoryState.from_bytes(state.to_bytes())
     assert again == state
-    state.mark_done("scored")
-    assert TrajectoryState.from_bytes(state.to_bytes()) == state
+    state.mark_done("scored", at=1_800_000_000.5)
+    again = TrajectoryState.from_bytes(state.to_bytes())
+    assert again == state and again.done_at == 1_800_000_000.5 and again.turns == {}
     with pytest.raises(ValueError):
         TrajectoryState.from_bytes(b"junk")
 

@@ -167,8 +167,7 @@ class RewardStage:
         """Learn which trajectories reached `rl.scored` since the partitions' recovery points."""
         assert self.processor is not None and self.ledger is not None
         processor = self.processor
-        # States of partitions gone elsewhere no longer count as in flight here.
-        processor.assembling &= set(self.table.data)
+        processor.reindex()  # the table now holds the assigned partitions' states only
         processor.recovered = set()
         if not assigned:
             return

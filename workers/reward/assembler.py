@@ -20,8 +20,8 @@ Rules (one attempt per trajectory, the first attempt to complete wins):
   0..k of the held attempt are present, whatever order they arrived in.
 
 Turns are kept as the raw bytes they arrived in (decoded again only at completion), so the
-state costs no re-encoding. A DONE state keeps no turns: it is a small tombstone-like marker
-that makes later duplicates cheap to recognise.
+state costs no re-encoding. A DONE state keeps no turns: it is a small marker that makes
+later duplicates cheap to recognise (the stage deletes it after its retention).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class TrajectoryState:
     final_index: int | None = None
     superseded: list[str] = field(default_factory=list)
     outcome: str | None = None  # DONE: "scored" | "failure_scored" | "dead_lettered"
+    done_at: float | None = None  # DONE: unix time it was finished (for its retention)
 
     @property
     def complete(self) -> bool:
@@ -88,6 +89,7 @@ class TrajectoryState:
                 "f": self.final_index,
                 "sup": self.superseded,
                 "out": self.outcome,
+                "t": self.done_at,
                 "idx": order,
                 "len": [len(self.turns[i]) for i in order],
             }
@@ -116,12 +118,14 @@ class TrajectoryState:
             final_index=head["f"],
             superseded=list(head["sup"]),
             outcome=head.get("out"),
+            done_at=head.get("t"),
         )
 
-    def mark_done(self, outcome: str) -> None:
-        """DONE keeps only the attempt id and the outcome."""
+    def mark_done(self, outcome: str, at: float | None = None) -> None:
+        """DONE keeps only the attempt id, the outcome and when (`at`, unix time)."""
         self.status = "done"
         self.outcome = outcome
+        self.done_at = at
         self.turns = {}
 
 

@@ -24,6 +24,12 @@ is marked DONE without a second output. The only way to get a duplicate is the b
 accepting an output whose acknowledgement the stage never saw *and* the record landing after
 the restart's scan (seconds later); consumers can still de-duplicate by `trajectory_id`.
 Dead letters are at-least-once.
+
+A DONE state is kept for `done_retention_s` after its batch settled (an hour by default:
+late turns come from redeliveries and restarted attempts, within minutes), then deleted
+from the table and its changelog (a tombstone), so that neither grows with every
+trajectory ever scored and a restarted stage restores only the recent ones. A turn of a
+trajectory whose DONE state is gone starts it afresh.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
@@ -81,6 +88,35 @@ class TurnProcessor:
         self.turns_topic, self.scored_topic, self.dlq_topic = topics
         self.recovered: set[str] = set()  # trajectory ids on rl.scored since the recovery point
         self.assembling: set[bytes] = set()  # trajectories with turns seen, not yet finished
+        # Persisted DONE states, oldest first: (finished at, key, partition); deleted after
+        # `done_retention_s`.
+        self.expiry: deque[tuple[float, bytes, int]] = deque()
+
+    def reindex(self) -> None:
+        """Rebuild `expiry` and `assembling` from the table (after the assignment changed)."""
+        now = time.time()
+        done: list[tuple[float, bytes, int]] = []
+        self.assembling = set()
+        for key, value, partition in self.table.items():
+            state = TrajectoryState.from_bytes(value)
+            if state.status == "done":
+                # A DONE state of an older stage has no time: its retention starts now.
+                done.append((state.done_at or now, key, partition))
+            else:
+                self.assembling.add(key)
+        self.expiry = deque(sorted(done))
+
+    async def _expire(self) -> list[Any]:
+        """Delete the DONE states past their retention; the tombstones' ack futures."""
+        horizon = time.time() - self.config.done_retention_s
+        acks = []
+        while self.expiry and self.expiry[0][0] <= horizon:
+            _, key, partition = self.expiry.popleft()
+            if self.table.get(key) is not None:
+                acks.append(await self.table.write(key, None, partition))
+        if acks:
+            self.stats.add("done_expired", len(acks))
+        return acks
 
     def _load(self, key: bytes) -> TrajectoryState | None:
         raw = self.table.get(key)
@@ -92,7 +128,7 @@ class TurnProcessor:
         self.stats.add("batches")
         self.stats.add("turns", len(records))
         self.metrics.consumed(self.turns_topic, len(records))
-        acks: list[Any] = []  # broker futures of everything sent
+        acks: list[Any] = await self._expire()  # broker futures of everything sent
         decoded: list[tuple[ConsumerRecord, TurnEvent]] = []
         for n, record in enumerate(records, 1):
             if n % _YIELD_EVERY == 0:
@@ -187,10 +223,11 @@ class TurnProcessor:
             if state.status == "assembling" and not state.complete:
                 acks.append(await self.table.write(key, state.to_bytes(), first[key]))
         finished: list[tuple[bytes, bytes, int]] = []
+        now = time.time()
         for key, outcome in [*done, *((key, "scored") for key in recovered)]:
             state = states[key]
             assert state is not None
-            state.mark_done(outcome)
+            state.mark_done(outcome, now)
             value = state.to_bytes()
             self.table.put(key, value, first[key])
             finished.append((key, value, first[key]))
@@ -201,7 +238,7 @@ class TurnProcessor:
                 self.assembling.discard(key)
         self.stats.timing("t_send", mark)
         self.stats.timing("t_batch", started)
-        return self._settle(acks, finished, outputs)
+        return self._settle(acks, finished, outputs, now)
 
     def _judge(self, draft: Assembled, result: Any) -> tuple[ScoredTrajectory, str]:
         """The trajectory with its score, and its outcome: scored, failure_scored, dead_lettered."""
@@ -232,6 +269,7 @@ class TurnProcessor:
         acks: list[Any],
         finished: list[tuple[bytes, bytes, int]],
         outputs: list[tuple[ScoredTrajectory, float | None]],
+        finished_at: float,
     ) -> None:
         """Every acknowledgement; then the DONE states, persisted and acknowledged."""
         started = time.monotonic()
@@ -247,6 +285,7 @@ class TurnProcessor:
         ]
         if writes:
             await asyncio.gather(*writes)
+        self.expiry.extend((finished_at, key, partition) for key, _, partition in finished)
         self.stats.timing("t_settle", started)
 
     async def _send_letter(self, letter: DeadLetter) -> Any:

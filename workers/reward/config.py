@@ -120,6 +120,15 @@ class RewardConfig(BaseModel):
     session_timeout_s: float = Field(
         default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
     )
+    done_retention_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "How long a finished trajectory's DONE state is kept (it drops the trajectory's"
+            " late turns: redeliveries, restarted attempts); then it is deleted from the table"
+            " and its changelog, so neither grows with every trajectory ever scored."
+        ),
+    )
     pool_workers: int = Field(default=2, ge=1, le=256, description="Scorer pool processes.")
     scorer_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="Per trajectory, custom and RM scorers."

@@ -8,6 +8,7 @@ Counters only grow. Outcomes of `assembler.apply_turn` are counted under their o
     dead_lettered       trajectories sent to rl.dlq   unknown_data_source  (also dead-lettered)
     scorer_errors       scorers that raised           scorer_timeouts  scorers that timed out
     emit_recovered_present  after a restart: already on rl.scored, not emitted again
+    done_expired        DONE states deleted after `done_retention_s`
 
 Timers (seconds, summed over batches): `t_decode`, `t_score` (assembly and scoring),
 `t_send`, `t_batch` (the batch's own work) and `t_settle` (waiting for the broker's
