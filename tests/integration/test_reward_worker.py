@@ -380,3 +380,58 @@ def test_done_states_are_deleted_after_their_retention(
     assert writes and writes[-1] is None, f"old/0 writes: {writes}\n{worker.log_tail()}"
     assert b'"s":"done"' in writes[-2]  # the DONE state, then its tombstone
     assert worker.stats().get("done_expired", 0) >= 1
+
+
+@pytest.mark.slow
+def test_partitions_move_between_two_workers_mid_stream(
+    tmp_path: Path,
+    worker: Worker,
+    kafka_config: KafkaConfig,
+    topics_config: TopicsConfig,
+    tokenizer_dir: Path,
+    tokenizer: Any,
+) -> None:
+    """A second worker joins mid-stream, then the first leaves (SIGTERM): every rebalance
+    settles the batches in flight and commits with a recovery point, and the new owner picks
+    up half-assembled trajectories from the changelog. Every trajectory comes out once."""
+    n = 160
+    turns_topic = topics_config.name("turns")
+    trajectories = [
+        make_turns(tokenizer, f"m{i}", ["step", "tool", "more", f"#### {i}"], truth=str(i))
+        for i in range(n)
+    ]
+
+    def feed() -> None:  # turns 0-1 of a slice, then turns 2-3: states span batches
+        for start in range(0, n, 8):
+            part = trajectories[start : start + 8]
+            produce(kafka_config, turns_topic, [e for traj in part for e in traj[:2]])
+            time.sleep(0.15)
+            produce(kafka_config, turns_topic, [e for traj in part for e in traj[2:]])
+            time.sleep(0.15)
+
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second = Worker(second_dir, kafka_config, topics_config, tokenizer_dir)
+    feeder = threading.Thread(target=feed, daemon=True)
+    worker.start()
+    feeder.start()
+    scored_topic = topics_config.name("scored")
+    try:
+        read_all(kafka_config, scored_topic, until=lambda r: len(r) >= n // 4, timeout=120)
+        second.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "] assigned" not in second.log_tail():
+            time.sleep(0.5)
+        assert "] assigned" in second.log_tail(), second.log_tail()
+        read_all(kafka_config, scored_topic, until=lambda r: len(r) >= n // 2, timeout=120)
+        worker.kill(signal.SIGTERM)
+        feeder.join(timeout=120)
+        records = read_all(kafka_config, scored_topic, until=lambda r: len(r) >= n, timeout=150)
+        time.sleep(3)  # anything extra (a duplicate) would arrive by now
+        records = read_all(kafka_config, scored_topic, until=lambda r: False, timeout=4)
+    finally:
+        second.kill()
+    ids = Counter(decode(r.value).trajectory_id for r in records)
+    assert len(ids) == n, f"missing {n - len(ids)}\n{second.log_tail()}"
+    assert max(ids.values()) == 1, f"duplicates: {[k for k, c in ids.items() if c > 1]}"
+    assert second.stats().get("scored", 0) > 0
