@@ -274,7 +274,7 @@ async def _table_reads(kafka: KafkaConfig, topic: str) -> dict[bytes, bytes]:
     """What the stages' `ChangelogTable` restores from `topic` (every partition)."""
     from aiokafka import AIOKafkaProducer
 
-    from workers.kafka.stateful import ChangelogTable
+    from workers.kafka.changelog import ChangelogTable
 
     producer = AIOKafkaProducer(**kafka.aiokafka_kwargs())
     await producer.start()

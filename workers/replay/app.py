@@ -27,8 +27,9 @@ import time
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from workers.kafka.changelog import ChangelogTable
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.stateful import ChangelogTable, StageLoop
+from workers.kafka.stateful import StageLoop
 from workers.metrics import StageMetrics
 from workers.replay.batch import GroupProcessor, Routes
 from workers.replay.config import ReplayConfig

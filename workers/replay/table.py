@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from workers.kafka.stateful import ChangelogTable
+from workers.kafka.changelog import ChangelogTable
 from workers.replay.state import GroupState, group_key, is_group_key, sample_key
 
 __all__ = ["GroupTable"]

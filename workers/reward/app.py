@@ -26,8 +26,9 @@ from collections.abc import Awaitable
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from workers.kafka.changelog import ChangelogTable
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.stateful import ChangelogTable, StageLoop
+from workers.kafka.stateful import StageLoop
 from workers.metrics import StageMetrics
 from workers.reward.batch import TurnProcessor
 from workers.reward.config import RewardConfig

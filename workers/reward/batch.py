@@ -48,7 +48,7 @@ from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
-from workers.kafka.stateful import ChangelogTable
+from workers.kafka.changelog import ChangelogTable
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
