@@ -34,28 +34,26 @@ def pack(array: np.ndarray, dtype: str) -> str:
 
 def unpack(text: str | bytes, dtype: str | np.dtype[Any]) -> np.ndarray:
     """Inverse of `pack`: a read-only array viewing the decoded bytes."""
+    return _unpack(text, np.dtype(dtype), str(dtype))
+
+
+def _unpack(text: str | bytes, dtype: np.dtype[Any], name: str) -> np.ndarray:
     raw = pybase64.b64decode(text, validate=True)
-    itemsize = np.dtype(dtype).itemsize
-    if len(raw) % itemsize:
-        raise ValueError(f"packed {dtype} array has {len(raw)} bytes, not a multiple of {itemsize}")
+    if len(raw) % dtype.itemsize:
+        raise ValueError(
+            f"packed {name} array has {len(raw)} bytes, not a multiple of {dtype.itemsize}"
+        )
     return np.frombuffer(raw, dtype=dtype)
 
 
 def _validator(dtype: str) -> Any:
     kind = np.dtype(dtype).kind
     exact = np.dtype(dtype)
-    itemsize = exact.itemsize
 
     def coerce(value: Any) -> np.ndarray:
-        if type(value) is str:  # the wire form: every decoded message takes this path
-            raw = pybase64.b64decode(value, validate=True)
-            if len(raw) % itemsize:
-                raise ValueError(
-                    f"packed {dtype} array has {len(raw)} bytes, not a multiple of {itemsize}"
-                )
-            return np.frombuffer(raw, dtype=exact)
-        if isinstance(value, str | bytes):
-            return unpack(value, dtype)
+        # The wire form (str) first: every decoded message takes this path.
+        if type(value) is str or isinstance(value, bytes):
+            return _unpack(value, exact, dtype)
         if isinstance(value, np.ndarray):
             if value.ndim != 1:
                 raise ValueError(f"expected a 1-d array, got shape {value.shape}")

@@ -205,12 +205,8 @@ class StageLoop:
         await self._settle(keep=1)
 
     def _settled(self, future: asyncio.Future[None]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            exc = future.exception()
-            log.critical("%s batch failed to settle; exiting without commit", self.stage,
-                         exc_info=(type(exc), exc, exc.__traceback__))  # fmt: skip
-            logging.shutdown()
-            os._exit(EXIT_KAFKA_FAILURE)
+        if not future.cancelled() and (exc := future.exception()) is not None:
+            self._fail("batch failed to settle; exiting without commit", exc)
 
     async def _settle(self, keep: int = 0) -> None:
         """Wait for the oldest unsettled batches until `keep` are left; record their offsets."""
@@ -224,8 +220,9 @@ class StageLoop:
         for partition, offset in last.items():
             self._uncommitted[TopicPartition(self.topic, partition)] = offset
 
-    def _fail(self, message: str) -> NoReturn:
-        log.critical("%s %s", self.stage, message, exc_info=True)
+    def _fail(self, message: str, exc: BaseException | None = None) -> NoReturn:
+        """Log `message` with the exception (`exc`, else the one being handled); exit 70."""
+        log.critical("%s %s", self.stage, message, exc_info=exc or True)
         logging.shutdown()
         os._exit(EXIT_KAFKA_FAILURE)
 
