@@ -89,6 +89,25 @@ def _rate(timestamps_ms: list[int]) -> float:
     return (len(timestamps_ms) - 1) / max(span, 1e-3)
 
 
+def _await_count(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> None:
+    """Wait until `topic` holds `count` records, asking only for its end offsets (a reader
+    of the records would take CPU from the process being measured, on a small machine)."""
+    from kafka import TopicPartition
+
+    from workers.kafka.clients import make_consumer
+
+    consumer = make_consumer(kafka, group_id=None)
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        deadline = time.monotonic() + timeout
+        while sum(consumer.end_offsets(parts).values()) < count:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
 def _timestamps(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> list[int]:
     from workers.kafka.clients import make_consumer
 
@@ -104,10 +123,10 @@ def _timestamps(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> l
     return stamps
 
 
-def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int) -> None:
+def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int, per_poll: int) -> None:
     from workers.kafka.clients import make_consumer, make_producer
 
-    consumer = make_consumer(kafka, src, group_id=None, max_poll_records=2000)
+    consumer = make_consumer(kafka, src, group_id=None, max_poll_records=per_poll)
     producer = make_producer(kafka, name="bench-copy", batch_size=1024 * 1024)
     copied = 0
     try:
@@ -123,10 +142,11 @@ def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int) -> No
 
 
 async def _copy_aiokafka(
-    kafka: KafkaConfig, src: str, dst: str, count: int, *, decode_each: bool = False
+    kafka: KafkaConfig, src: str, dst: str, count: int, per_poll: int, *, decode_each: bool = False
 ) -> None:
-    """Consume `count` messages of `src` and produce them to `dst`; with `decode_each`,
-    each is first decoded through the codec (validated), and its bytes are passed on."""
+    """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to `dst`; with
+    `decode_each`, each is first decoded through the codec (validated), and its bytes are
+    passed on."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from schemas.codec import decode
@@ -144,7 +164,7 @@ async def _copy_aiokafka(
     copied = 0
     try:
         while copied < count:
-            batches = await consumer.getmany(timeout_ms=500, max_records=2000)
+            batches = await consumer.getmany(timeout_ms=500, max_records=per_poll)
             futures = []
             for batch in batches.values():
                 for r in batch:
@@ -183,7 +203,8 @@ def _run_stage(
     n: int,
     timeout: float,
     batch_size: int,
-) -> list[int]:
+) -> None:
+    """Run the stage until `n` outputs are on `rl.scored` (or `timeout`), then stop it."""
     config = {
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "topics": {"prefix": topics.prefix},
@@ -199,7 +220,7 @@ def _run_stage(
             cwd=_REPO, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        return _timestamps(kafka, topics.name("scored"), n, timeout)
+        _await_count(kafka, topics.name("scored"), n, timeout)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -264,18 +285,21 @@ def run(
 
             def copy_aiokafka(dst: str, decode_each: bool = False) -> float:
                 asyncio.run(
-                    _copy_aiokafka(kafka, topics.name("turns"), dst, msgs, decode_each=decode_each)
+                    _copy_aiokafka(
+                        kafka, topics.name("turns"), dst, msgs, batch_size, decode_each=decode_each
+                    )
                 )
                 return _rate(_timestamps(kafka, dst, msgs, timeout_s))
 
             aio_runs = [copy_aiokafka(copies[2])]
-            outputs = _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
+            _run_stage(kafka, topics, tokenizer, tmp, trajectories, timeout_s, batch_size)
+            outputs = _timestamps(kafka, topics.name("scored"), trajectories, timeout_s)
             stage = _rate(outputs)
             stage_stats = json.loads((tmp / "stats.json").read_text())
             aio_runs += [copy_aiokafka(dst) for dst in copies[3:]]
             decoding = copy_aiokafka(copies[1], decode_each=True)
             aio = max(aio_runs)
-            _copy_kafka_python(kafka, topics.name("turns"), copies[0], msgs)
+            _copy_kafka_python(kafka, topics.name("turns"), copies[0], msgs, batch_size)
             kp = _rate(_timestamps(kafka, copies[0], msgs, timeout_s))
             math_rate = asyncio.run(_math_rate(pool_workers, math_items))
         finally:
