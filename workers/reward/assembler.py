@@ -195,17 +195,15 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         end += n
         if t.logprobs is not None and t.loss_mask:
             logprobs[end - n : end] = t.logprobs
-    # Within each turn min <= max, so the span over all turns is ordered too.
-    extra_fields = last.extra_fields.model_copy(
-        update={
-            "min_global_steps": min(
-                last.extra_fields.min_global_steps, *(t.min_global_steps for t in turns)
-            ),
-            "max_global_steps": max(
-                last.extra_fields.max_global_steps, *(t.max_global_steps for t in turns)
-            ),
-        }
-    )
+    # Within each turn min <= max, so the span over all turns is ordered too. The final
+    # turn's totals normally span every turn already: then they are kept as they are.
+    extra_fields = last.extra_fields
+    low = min(extra_fields.min_global_steps, *(t.min_global_steps for t in turns))
+    high = max(extra_fields.max_global_steps, *(t.max_global_steps for t in turns))
+    if (low, high) != (extra_fields.min_global_steps, extra_fields.max_global_steps):
+        extra_fields = extra_fields.model_copy(
+            update={"min_global_steps": low, "max_global_steps": high}
+        )
     reward_spec = first.reward_model
     fields = {
         "uid": first.uid,
