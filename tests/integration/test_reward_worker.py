@@ -382,6 +382,53 @@ def test_done_states_are_deleted_after_their_retention(
     assert worker.stats().get("done_expired", 0) >= 1
 
 
+def test_abandoned_trajectories_go_to_the_dead_letters_turn_by_turn(
+    worker: Worker, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer: Any
+) -> None:
+    """A trajectory that stops receiving turns before its final one does not sit in the
+    table for ever: past `abandon_after_s` each of its turns goes to rl.dlq byte for byte
+    (cause `abandoned`) and its state is deleted; a trajectory that kept going is scored."""
+    worker.configure(abandon_after_s=3.0)
+    turns_topic = topics_config.name("turns")
+    stuck = make_turns(tokenizer, "stuck", ["step", "tool", "#### 3"], truth="3")
+    slow = make_turns(tokenizer, "slow", ["step", "tool", "#### 4"], truth="4")
+
+    def feed(events: list[TurnEvent]) -> None:  # and wait for the batch that takes them
+        seen = worker.stats().get("turns", 0)
+        produce(kafka_config, turns_topic, events)
+        deadline = time.monotonic() + 60
+        while worker.stats().get("turns", 0) < seen + len(events):
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.1)
+
+    worker.start()
+    feed([stuck[0], stuck[1], slow[0]])
+    time.sleep(2.5)
+    feed([slow[1]])  # "slow" has a new turn 2.5 s later, "stuck" none
+    time.sleep(0.7)
+    feed([slow[2]])  # this batch abandons "stuck" (3.2 s idle), not "slow" (0.7 s + latency)
+    scored = read_all(
+        kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= 1, timeout=60
+    )
+    assert [decode(r.value).trajectory_id for r in scored] == ["slow/0"], worker.log_tail()
+    dead = read_all(
+        kafka_config, topics_config.name("dlq"), until=lambda r: len(r) >= 2, timeout=30
+    )
+    letters = [DeadLetter.from_message(list(r.headers), r.key, r.value) for r in dead]
+    assert [letter.error_cause for letter in letters] == ["abandoned", "abandoned"], letters
+    assert sorted(letter.value for letter in letters) == sorted(encode(t) for t in stuck[:2])
+    assert all(letter.key == b"stuck/0" for letter in letters)
+    assert "turns [0, 1] and no final turn" in letters[0].error_message
+    changelog = f"{topics_config.prefix}reward-trajectories-changelog"
+    writes = [
+        r.value
+        for r in read_all(kafka_config, changelog, until=lambda r: False, timeout=3)
+        if r.key == b"stuck/0"
+    ]
+    assert writes and writes[-1] is None, writes  # deleted from the changelog too
+    assert worker.stats().get("abandoned") == 1
+
+
 @pytest.mark.slow
 def test_partitions_move_between_two_workers_mid_stream(
     tmp_path: Path,

@@ -106,8 +106,9 @@ def test_single_turn_trajectory() -> None:
 def test_state_bytes_round_trip() -> None:
     state, _ = feed(None, turn(0), turn(2))
     state.superseded = ["old"]
+    state.updated_at = 1_799_999_000.25
     again = TrajectoryState.from_bytes(state.to_bytes())
-    assert again == state
+    assert again == state and again.updated_at == 1_799_999_000.25
     state.mark_done("scored", at=1_800_000_000.5)
     again = TrajectoryState.from_bytes(state.to_bytes())
     assert again == state and again.done_at == 1_800_000_000.5 and again.turns == {}

@@ -74,6 +74,7 @@ class TrajectoryState:
     superseded: list[str] = field(default_factory=list)
     outcome: str | None = None  # DONE: "scored" | "failure_scored" | "dead_lettered"
     done_at: float | None = None  # DONE: unix time it was finished (for its retention)
+    updated_at: float | None = None  # ASSEMBLING: unix time of its last new turn (abandonment)
 
     @property
     def complete(self) -> bool:
@@ -90,6 +91,7 @@ class TrajectoryState:
                 "sup": self.superseded,
                 "out": self.outcome,
                 "t": self.done_at,
+                "u": self.updated_at,
                 "idx": order,
                 "len": [len(self.turns[i]) for i in order],
             }
@@ -119,6 +121,7 @@ class TrajectoryState:
             superseded=list(head["sup"]),
             outcome=head.get("out"),
             done_at=head.get("t"),
+            updated_at=head.get("u"),
         )
 
     def mark_done(self, outcome: str, at: float | None = None) -> None:

@@ -30,6 +30,11 @@ late turns come from redeliveries and restarted attempts, within minutes), then 
 from the table and its changelog (a tombstone), so that neither grows with every
 trajectory ever scored and a restarted stage restores only the recent ones. A turn of a
 trajectory whose DONE state is gone starts it afresh.
+
+A trajectory still assembling with no new turn for `abandon_after_s` (two hours by
+default) is abandoned: its agent loop died and nothing restarted the attempt. Each turn
+it holds goes to `rl.dlq` byte for byte (cause `abandoned`, so the trajectory can be
+replayed from the dead letters), and its state is deleted the same way.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
 from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
 from workers.reward.ledger import TRAJECTORY_HEADER, OutputLedger
-from workers.reward.letters import record_letter, trajectory_letter
+from workers.reward.letters import abandoned_letter, record_letter, trajectory_letter
 from workers.reward.stats import RewardStats
 
 __all__ = ["TurnProcessor"]
@@ -91,20 +96,26 @@ class TurnProcessor:
         # Persisted DONE states, oldest first: (finished at, key, partition); deleted after
         # `done_retention_s`.
         self.expiry: deque[tuple[float, bytes, int]] = deque()
+        # Writes of ASSEMBLING states, oldest first: (written at, key, partition). A state
+        # whose newest write is older than `abandon_after_s` is abandoned.
+        self.idle: deque[tuple[float, bytes, int]] = deque()
 
     def reindex(self) -> None:
-        """Rebuild `expiry` and `assembling` from the table (after the assignment changed)."""
+        """Rebuild `expiry`, `idle` and `assembling` from the table (after the assignment
+        changed). A state written by an older stage has no time: its clock starts now."""
         now = time.time()
         done: list[tuple[float, bytes, int]] = []
+        idle: list[tuple[float, bytes, int]] = []
         self.assembling = set()
         for key, value, partition in self.table.items():
             state = TrajectoryState.from_bytes(value)
             if state.status == "done":
-                # A DONE state of an older stage has no time: its retention starts now.
                 done.append((state.done_at or now, key, partition))
             else:
                 self.assembling.add(key)
+                idle.append((state.updated_at or now, key, partition))
         self.expiry = deque(sorted(done))
+        self.idle = deque(sorted(idle))
 
     async def _expire(self) -> list[Any]:
         """Delete the DONE states past their retention; the tombstones' ack futures."""
@@ -116,6 +127,35 @@ class TurnProcessor:
                 acks.append(await self.table.write(key, None, partition))
         if acks:
             self.stats.add("done_expired", len(acks))
+        return acks + await self._abandon()
+
+    async def _abandon(self) -> list[Any]:
+        """Dead-letter and delete the states idle past `abandon_after_s`; their ack futures."""
+        now = time.time()
+        horizon = now - self.config.abandon_after_s
+        acks = []
+        while self.idle and self.idle[0][0] <= horizon:
+            written, key, partition = self.idle.popleft()
+            state = self._load(key)
+            if state is None or state.status != "assembling" or (state.updated_at or 0) > written:
+                continue  # finished, gone, or written again since (a later entry stands for it)
+            final = state.final_index
+            reason = (
+                f"trajectory {key.decode()!r} (attempt {state.attempt_id!r}) abandoned with turns"
+                f" {sorted(state.turns)}"
+                + (f" of 0..{final}" if final is not None else " and no final turn")
+                + f"; no new turn for {now - written:.0f} s"
+                f" (abandon_after_s={self.config.abandon_after_s:g})"
+            )
+            for raw in state.turns.values():
+                acks.append(
+                    await self._send_letter(
+                        abandoned_letter(self.turns_topic, partition, key, raw, reason)
+                    )
+                )
+            acks.append(await self.table.write(key, None, partition))
+            self.assembling.discard(key)
+            self.stats.add("abandoned")
         return acks
 
     def _load(self, key: bytes) -> TrajectoryState | None:
@@ -217,13 +257,15 @@ class TurnProcessor:
             done.append((key, outcome))
         for _, outcome in done:
             self.stats.add(outcome)
+        now = time.time()
         for key in dirty:
             state = states[key]
             assert state is not None
             if state.status == "assembling" and not state.complete:
+                state.updated_at = now
                 acks.append(await self.table.write(key, state.to_bytes(), first[key]))
+                self.idle.append((now, key, first[key]))
         finished: list[tuple[bytes, bytes, int]] = []
-        now = time.time()
         for key, outcome in [*done, *((key, "scored") for key in recovered)]:
             state = states[key]
             assert state is not None

@@ -129,6 +129,16 @@ class RewardConfig(BaseModel):
             " and its changelog, so neither grows with every trajectory ever scored."
         ),
     )
+    abandon_after_s: float = Field(
+        default=7200.0,
+        gt=0,
+        description=(
+            "A trajectory still assembling with no new turn for this long is abandoned (its"
+            " agent loop died, or its attempt was never restarted): each turn it holds goes to"
+            " rl.dlq byte for byte (cause 'abandoned'), and its state is deleted from the table"
+            " and its changelog."
+        ),
+    )
     pool_workers: int = Field(default=2, ge=1, le=256, description="Scorer pool processes.")
     scorer_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="Per trajectory, custom and RM scorers."

@@ -4,7 +4,10 @@
   record's key and bytes, with its topic/partition/offset;
 - a trajectory that cannot be scored (scorer error or timeout, unknown data_source): key
   uid, value the whole trajectory as a `ScoredTrajectory` tagged `reward_failed` (so it can
-  be re-scored from the dead letter alone), headers pointing at the turn that completed it.
+  be re-scored from the dead letter alone), headers pointing at the turn that completed it;
+- an abandoned trajectory (assembling, no new turn for `abandon_after_s`): one letter per
+  turn it held, the turn's key and bytes as they arrived (offset -1: the table keeps the
+  bytes, not where they were read).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from schemas.events import ScoredTrajectory
 from workers.reward.exceptions import RewardError
 from workers.reward.ledger import TRAJECTORY_HEADER
 
-__all__ = ["STAGE", "record_letter", "trajectory_letter"]
+__all__ = ["STAGE", "abandoned_letter", "record_letter", "trajectory_letter"]
 
 STAGE = "reward"
 
@@ -54,4 +57,21 @@ def trajectory_letter(message: Any, tagged: ScoredTrajectory, exc: RewardError) 
             *headers_for(tagged),
             (TRAJECTORY_HEADER, tagged.trajectory_id.encode()),
         ],
+    )
+
+
+def abandoned_letter(
+    topic: str, partition: int, key: bytes, value: bytes, reason: str
+) -> DeadLetter:
+    """One turn of an abandoned trajectory, as it arrived on `topic`[`partition`]."""
+    return DeadLetter(
+        stage=STAGE,
+        topic=topic,
+        partition=partition,
+        offset=-1,
+        error_class="AbandonedTrajectory",
+        error_cause="abandoned",
+        error_message=reason,
+        key=key,
+        value=value,
     )
