@@ -15,7 +15,7 @@ pytestmark = pytest.mark.kafka
 
 
 def test_one_small_run_reports_every_rate(kafka_config: KafkaConfig) -> None:
-    result = run(kafka_config, trajectories=60, math_items=4, copy_runs=1, timeout_s=120)
+    result = run(kafka_config, trajectories=60, math_items=4, runs=1, timeout_s=120)
     for rate in (
         "stage_trajectories_per_s",
         "copy_aiokafka_msgs_per_s",
@@ -25,6 +25,7 @@ def test_one_small_run_reports_every_rate(kafka_config: KafkaConfig) -> None:
     ):
         assert result[rate] > 0, (rate, result)
     assert len(result["copy_aiokafka_runs_msgs_per_s"]) == 1
+    assert len(result["stage_runs_trajectories_per_s"]) == 1
     assert result["ratio"] > 0 and result["target_ratio"] == 0.5
     assert result["ratio"] == pytest.approx(
         result["stage_trajectories_per_s"] / (result["copy_trajectories_per_s"]), abs=0.01
