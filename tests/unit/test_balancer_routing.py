@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.llm.balancer import Balancer, Replica
-from workers.llm.client import LLMClientConfig
+from workers.llm.config import LLMClientConfig
 from workers.llm.exceptions import NoReplicaError
 
 

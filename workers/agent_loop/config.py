@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workers.llm.client import LLMClientConfig
+from workers.llm.config import LLMClientConfig
 from workers.llm.contract import SamplingParams
 
 __all__ = ["AdmissionConfig", "AgentLoopConfig", "AgentLoopWorkerConfig"]
