@@ -92,30 +92,27 @@ class TurnProcessor:
         self.stats, self.metrics = stats, metrics
         self.turns_topic, self.scored_topic, self.dlq_topic = topics
         self.recovered: set[str] = set()  # trajectory ids on rl.scored since the recovery point
-        self.assembling: set[bytes] = set()  # trajectories with turns seen, not yet finished
+        # Trajectories with turns seen, not yet finished, oldest last write first: key →
+        # (its state's last write, partition). One idle past `abandon_after_s` is abandoned.
+        self.assembling: dict[bytes, tuple[float, int]] = {}
         # Persisted DONE states, oldest first: (finished at, key, partition); deleted after
         # `done_retention_s`.
         self.expiry: deque[tuple[float, bytes, int]] = deque()
-        # Writes of ASSEMBLING states, oldest first: (written at, key, partition). A state
-        # whose newest write is older than `abandon_after_s` is abandoned.
-        self.idle: deque[tuple[float, bytes, int]] = deque()
 
     def reindex(self) -> None:
-        """Rebuild `expiry`, `idle` and `assembling` from the table (after the assignment
-        changed). A state written by an older stage has no time: its clock starts now."""
+        """Rebuild `expiry` and `assembling` from the table (after the assignment changed).
+        A state written by an older stage has no time: its clock starts now."""
         now = time.time()
         done: list[tuple[float, bytes, int]] = []
-        idle: list[tuple[float, bytes, int]] = []
-        self.assembling = set()
+        live: list[tuple[float, bytes, int]] = []
         for key, value, partition in self.table.items():
             state = TrajectoryState.from_bytes(value)
             if state.status == "done":
                 done.append((state.done_at or now, key, partition))
             else:
-                self.assembling.add(key)
-                idle.append((state.updated_at or now, key, partition))
+                live.append((state.updated_at or now, key, partition))
         self.expiry = deque(sorted(done))
-        self.idle = deque(sorted(idle))
+        self.assembling = {key: (written, partition) for written, key, partition in sorted(live)}
 
     async def _expire(self) -> list[Any]:
         """Delete the DONE states past their retention; the tombstones' ack futures."""
@@ -134,11 +131,14 @@ class TurnProcessor:
         now = time.time()
         horizon = now - self.config.abandon_after_s
         acks = []
-        while self.idle and self.idle[0][0] <= horizon:
-            written, key, partition = self.idle.popleft()
+        while self.assembling:
+            key, (written, partition) = next(iter(self.assembling.items()))
+            if written > horizon:
+                break
+            del self.assembling[key]
             state = self._load(key)
-            if state is None or state.status != "assembling" or (state.updated_at or 0) > written:
-                continue  # finished, gone, or written again since (a later entry stands for it)
+            if state is None or state.status != "assembling":
+                continue
             final = state.final_index
             reason = (
                 f"trajectory {key.decode()!r} (attempt {state.attempt_id!r}) abandoned with turns"
@@ -154,7 +154,6 @@ class TurnProcessor:
                     )
                 )
             acks.append(await self.table.write(key, None, partition))
-            self.assembling.discard(key)
             self.stats.add("abandoned")
         return acks
 
@@ -264,7 +263,8 @@ class TurnProcessor:
             if state.status == "assembling" and not state.complete:
                 state.updated_at = now
                 acks.append(await self.table.write(key, state.to_bytes(), first[key]))
-                self.idle.append((now, key, first[key]))
+                self.assembling.pop(key, None)  # to the end: the newest write
+                self.assembling[key] = (now, first[key])
         finished: list[tuple[bytes, bytes, int]] = []
         for key, outcome in [*done, *((key, "scored") for key in recovered)]:
             state = states[key]
@@ -274,10 +274,8 @@ class TurnProcessor:
             self.table.put(key, value, first[key])
             finished.append((key, value, first[key]))
         for key, state in states.items():
-            if state is not None and state.status == "assembling":
-                self.assembling.add(key)
-            else:
-                self.assembling.discard(key)
+            if state is None or state.status != "assembling":
+                self.assembling.pop(key, None)
         self.stats.timing("t_send", mark)
         self.stats.timing("t_batch", started)
         return self._settle(acks, finished, outputs, now)
