@@ -106,11 +106,11 @@ def _await_count(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> 
     from workers.kafka.clients import make_consumer
 
     consumer = make_consumer(kafka, group_id=None)
+    deadline = time.monotonic() + timeout
     try:
-        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        deadline = time.monotonic() + timeout
-        while sum(consumer.end_offsets(parts).values()) < count:
-            if time.monotonic() > deadline:
+        while time.monotonic() < deadline:
+            parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            if parts and sum(consumer.end_offsets(parts).values()) >= count:
                 return
             time.sleep(0.2)
     finally:
