@@ -124,7 +124,7 @@ class TurnProcessor:
                 acks.append(await self.table.write(key, None, partition))
         if acks:
             self.stats.add("done_expired", len(acks))
-        return acks + await self._abandon()
+        return acks
 
     async def _abandon(self) -> list[Any]:
         """Dead-letter and delete the states idle past `abandon_after_s`; their ack futures."""
@@ -168,6 +168,7 @@ class TurnProcessor:
         self.stats.add("turns", len(records))
         self.metrics.consumed(self.turns_topic, len(records))
         acks: list[Any] = await self._expire()  # broker futures of everything sent
+        acks += await self._abandon()
         decoded: list[tuple[ConsumerRecord, TurnEvent]] = []
         for n, record in enumerate(records, 1):
             if n % _YIELD_EVERY == 0:
