@@ -153,9 +153,9 @@ def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int, per_p
 async def _copy_aiokafka(
     kafka: KafkaConfig, src: str, dst: str, count: int, per_poll: int, *, decode_each: bool = False
 ) -> None:
-    """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to `dst`; with
-    `decode_each`, each is first decoded through the codec (validated), and its bytes are
-    passed on."""
+    """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to
+    `dst`; with `decode_each`, each is first decoded through the codec (validated), and its
+    bytes are passed on."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from schemas.codec import decode
@@ -298,7 +298,7 @@ def run(
             kp = _rate(_timestamps(kafka, copies[0], msgs, timeout_s))
             math_rate = asyncio.run(_math_rate(pool_workers, math_items))
         finally:
-            _cleanup(kafka, admin, base)
+            _cleanup(admin, base)
     aio, stage = max(aio_runs), max(stage_runs)
     best_run = stage_runs.index(stage)
     outputs_count, stats = stage_stats[best_run]
@@ -360,7 +360,7 @@ def _prepare(
     return admin
 
 
-def _cleanup(kafka: KafkaConfig, admin: Any, prefix: str) -> None:
+def _cleanup(admin: Any, prefix: str) -> None:
     """Delete every topic the run made (its own, the stages' and their internal ones)."""
     try:
         made = [t for t in admin.list_topics() if t.startswith(prefix)]
