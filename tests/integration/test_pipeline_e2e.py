@@ -74,7 +74,9 @@ def test_the_loop_trains_and_weights_flow_back(
             if pipe.process("train").proc.poll() is not None:
                 break
             pipe.check()
-            if status is None and metrics.exists() and '"event": "step"' in metrics.read_text():
+            # `status` once version 1 is on `rl.policy`: the trainer logs a step before it
+            # checkpoints and publishes it.
+            if status is None and _published(metrics) >= 1:
                 status = run_cli("--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
                                  "status", "--json", "--interval", "0.5")  # fmt: skip
             time.sleep(1.0)
@@ -111,3 +113,19 @@ def test_the_loop_trains_and_weights_flow_back(
         for step in steps:
             assert step["is_weight_mean"] == pytest.approx(1.0, abs=2e-3), step
             assert step["is_weight_min"] > 0.98 and step["is_weight_max"] < 1.02
+
+
+def _published(metrics: Path) -> int:
+    """The newest version the trainer has checkpointed and published (0 before any); a line
+    the trainer is still writing is skipped."""
+    if not metrics.exists():
+        return 0
+    newest = 0
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("event") == "checkpoint":
+            newest = max(newest, row["version"])
+    return newest
