@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from schemas import PromptEvent
+from schemas import PromptEvent, decode
 from tests.conftest import REPO
 from tests.integration.agent_helpers import finals_by_sample, produce_prompts, read_turns
+from tests.integration.trainer_helpers import read_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -51,12 +52,16 @@ def test_kill_9_mid_run_loses_nothing(
     log = tmp_path / "worker.log"
 
     first = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
-    turns = read_turns(kafka_config, topics_config.name("turns"),
-                       until=lambda ts: len(finals_by_sample(ts)) >= 6, timeout_s=180)  # fmt: skip
+    # Kill at the first completed sample the reader sees: a reader on a loaded machine can
+    # see the first one late, with many more behind it.
+    read_turns(kafka_config, topics_config.name("turns"),
+               until=lambda ts: len(finals_by_sample(ts)) >= 1, timeout_s=180)  # fmt: skip
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    # What the first worker had finished is what is on the topic now, not what the reader saw.
+    turns = [decode(r.value) for r in read_all(kafka_config, topics_config.name("turns"))]
     done_before = len(finals_by_sample(turns))
-    assert 6 <= done_before < len(expected), (
+    assert 1 <= done_before < len(expected), (
         f"the kill must land mid-run\n{log.read_text()[-3000:]}"
     )
 
