@@ -112,6 +112,12 @@ class TrainerConfig(BaseModel):
         description="Recently trained groups remembered (in checkpoints) to skip redeliveries.",
     )
     torch_threads: int = Field(default=2, ge=1, le=256, description="torch intra-op threads.")
+    device: str = Field(
+        default="cpu",
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="Where the policy trains: cpu, cuda, cuda:N, or auto (cuda when one is "
+        "visible). Weights stay fp32; checkpoints are written from any device.",
+    )
     seed: int = Field(default=0, ge=0, description="torch seed at start.")
 
     @model_validator(mode="after")

@@ -4,6 +4,7 @@ RolloutError
 └── TrainerError
     ├── ConsumerClosedError     a TrajectoryConsumer used after close()
     ├── CheckpointError         a checkpoint cannot be read or is inconsistent
+    ├── DeviceError             the configured training device is not there
     └── PublishError            the broker did not acknowledge a PolicyVersion / stale group
 """
 
@@ -11,7 +12,13 @@ from __future__ import annotations
 
 from schemas.errors import RolloutError
 
-__all__ = ["CheckpointError", "ConsumerClosedError", "PublishError", "TrainerError"]
+__all__ = [
+    "CheckpointError",
+    "ConsumerClosedError",
+    "DeviceError",
+    "PublishError",
+    "TrainerError",
+]
 
 
 class TrainerError(RolloutError):
@@ -24,6 +31,10 @@ class ConsumerClosedError(TrainerError):
 
 class CheckpointError(TrainerError):
     """A checkpoint cannot be read, or does not fit the configuration."""
+
+
+class DeviceError(TrainerError):
+    """`trainer.device` names a device this machine does not have."""
 
 
 class PublishError(TrainerError):

@@ -16,9 +16,24 @@ import torch
 
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
+from workers.trainer.exceptions import DeviceError
 from workers.trainer.loss import entropy_from_logits, policy_loss, summarize
 
-__all__ = ["response_log_probs", "train_step"]
+__all__ = ["resolve_device", "response_log_probs", "train_step"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device` → a torch device this machine has (`auto`: the first GPU, else CPU)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DeviceError(f"trainer.device={name}: no CUDA device is visible to torch")
+        if (device.index or 0) >= count:
+            raise DeviceError(f"trainer.device={name}: torch sees {count} CUDA device(s)")
+    return device
 
 
 def response_log_probs(

@@ -104,6 +104,8 @@ class Trainer:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from workers.trainer.step import resolve_device
+
         torch.set_num_threads(self.config.torch_threads)
         torch.manual_seed(self.config.seed)
         ckpt = load_latest(self.root)
@@ -111,7 +113,9 @@ class Trainer:
             raise CheckpointError("no checkpoint in checkpoint_dir and no model_dir configured")
         self.source = ckpt.path if ckpt is not None else Path(self.config.model_dir)
         self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.source), dtype=torch.float32)
+        self.device = resolve_device(self.config.device)
+        model = AutoModelForCausalLM.from_pretrained(str(self.source), dtype=torch.float32)
+        self.model = model.to(self.device)  # before AdamW, whose state follows the parameters
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.lr,
@@ -125,10 +129,11 @@ class Trainer:
         self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
         self.checkpointed: int | None = self.state.version if ckpt is not None else None
         log.info(
-            "trainer %s starts at version %d from %s (positions %s)",
+            "trainer %s starts at version %d from %s on %s (positions %s)",
             self.run_id,
             self.state.version,
             self.source,
+            self.device,
             self.state.positions,
         )
 
@@ -265,7 +270,7 @@ class Trainer:
 
         version = self.state.version
         groups: list[TrainingGroup] = [i.event for i in pending.train]
-        batch = collate_groups(groups, pad_token_id=self.pad_token_id)
+        batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         started = time.monotonic()
         metrics = train_step(self.model, self.optimizer, batch, self.config)
         spans = [
