@@ -26,6 +26,7 @@ from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
 from workers.kafka.clients import make_admin, make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.exceptions import KafkaUnavailableError
 
 __all__ = ["consumer_lag", "pipeline_status", "render_status"]
 
@@ -47,17 +48,26 @@ def _offsets(admin: Any, parts: list[TopicPartition], spec: Any) -> dict[TopicPa
     return {tp: max(int(getattr(info, "offset", info)), 0) for tp, info in answer.items()}
 
 
-def _compacted(kafka: KafkaConfig, topic: str) -> dict[bytes, bytes | None]:
-    """Latest value per key of a compacted topic (None for a tombstone)."""
-    consumer = make_consumer(kafka, topic, group_id=None, name="status")
+def _compacted(kafka: KafkaConfig, ends: dict[TopicPartition, int]) -> dict[bytes, bytes | None]:
+    """Latest value per key of a compacted topic up to `ends` (None for a tombstone).
+
+    The partitions are assigned by hand, not subscribed: a subscription is only assigned
+    inside a poll, and a first poll that returns before the metadata arrives (a loaded
+    machine) read as an empty topic.
+    """
+    if not ends:
+        return {}
+    consumer = make_consumer(kafka, group_id=None, name="status")
     latest: dict[bytes, bytes | None] = {}
     try:
-        consumer.poll(timeout_ms=200)  # join: assignment happens on the first poll
-        ends = consumer.end_offsets(list(consumer.assignment()))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            consumer.position(tp) < end for tp, end in ends.items()
-        ):
+        consumer.assign(list(ends))
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(
+                    f"reading {sorted({tp.topic for tp in ends})} timed out"
+                )
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
                     latest[record.key or b""] = record.value
@@ -145,16 +155,19 @@ def pipeline_status(
     }
     groups = _group_lags(committed, ends, set(by_topic))
 
+    def latest(topic: str) -> dict[bytes, bytes | None]:
+        return _compacted(kafka, {tp: end for tp, end in ends.items() if tp.topic == topic})
+
     version: int | None = None
-    for value in _compacted(kafka, topics.name("policy")).values():
+    for value in latest(topics.name("policy")).values():
         try:
-            event = decode(value)
+            event = decode(value) if value is not None else None
         except DecodeError:
             continue
         if isinstance(event, PolicyVersion):
             version = max(version or 0, event.version)
     replicas = []
-    for _key, value in sorted(_compacted(kafka, topics.name("replicas")).items()):
+    for _key, value in sorted(latest(topics.name("replicas")).items()):
         if value is None:
             continue  # left cleanly (tombstone)
         try:

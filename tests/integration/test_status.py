@@ -1,0 +1,44 @@
+"""`pipeline_status` against the real broker: the compacted policy and replicas topics."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.status import pipeline_status
+from schemas import encode
+from schemas.events import PolicyVersion, ReplicaInfo
+from workers.kafka.clients import make_producer
+from workers.kafka.config import KafkaConfig, TopicsConfig
+
+pytestmark = pytest.mark.kafka
+
+
+def test_status_reads_the_newest_version_and_the_live_replicas(
+    kafka_config: KafkaConfig, topics_config: TopicsConfig
+) -> None:
+    empty = pipeline_status(kafka_config, topics_config, interval_s=0.1)
+    assert empty["policy_version"] is None and empty["replicas"] == []
+
+    policy, replicas = topics_config.name("policy"), topics_config.name("replicas")
+    producer = make_producer(kafka_config)
+    try:
+        for version in (1, 2, 3):
+            producer.send(
+                policy,
+                key="policy",
+                value=encode(PolicyVersion(version=version, path=f"/ckpt/{version}")),
+            )
+        for i in range(3):
+            info = ReplicaInfo(replica_id=f"r{i}", address=f"http://127.0.0.1:9/{i}", backend="hf")
+            producer.send(replicas, key=info.replica_id, value=encode(info))
+        producer.send(replicas, key="r1", value=None)  # r1 left cleanly
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+
+    seen = pipeline_status(kafka_config, topics_config, interval_s=0.1)
+    assert seen["policy_version"] == 3
+    assert [(r["replica_id"], r["healthy"]) for r in seen["replicas"]] == [
+        ("r0", False),
+        ("r2", False),
+    ]
