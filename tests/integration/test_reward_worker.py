@@ -429,6 +429,45 @@ def test_abandoned_trajectories_go_to_the_dead_letters_turn_by_turn(
     assert worker.stats().get("abandoned") == 1
 
 
+def test_an_idle_stage_still_abandons_and_expires(
+    worker: Worker, kafka_config: KafkaConfig, topics_config: TopicsConfig, tokenizer: Any
+) -> None:
+    """No turn arrives after the first ones: the sweep every `sweep_interval_s` still
+    abandons the stuck trajectory and deletes the scored one's DONE state."""
+    worker.configure(abandon_after_s=2.0, done_retention_s=2.0, sweep_interval_s=0.5)
+    stuck = make_turns(tokenizer, "idle-stuck", ["step", "#### 3"], truth="3")
+    done = make_turns(tokenizer, "idle-done", ["#### 4"], truth="4")
+    worker.start()
+    produce(kafka_config, topics_config.name("turns"), [stuck[0], *done])
+    dead = read_all(
+        kafka_config, topics_config.name("dlq"), until=lambda r: len(r) >= 1, timeout=60
+    )
+    letters = [DeadLetter.from_message(list(r.headers), r.key, r.value) for r in dead]
+    assert [(x.error_cause, x.key, x.value) for x in letters] == [
+        ("abandoned", b"idle-stuck/0", encode(stuck[0]))
+    ], worker.log_tail()
+    scored = read_all(
+        kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= 1, timeout=30
+    )
+    assert [decode(r.value).trajectory_id for r in scored] == ["idle-done/0"]
+    changelog = f"{topics_config.prefix}reward-trajectories-changelog"
+
+    def last_writes(records: list[Any]) -> dict[bytes, bytes | None]:
+        return {r.key: r.value for r in records}
+
+    writes = last_writes(
+        read_all(
+            kafka_config, changelog, timeout=30,
+            until=lambda r: all(last_writes(r).get(k, b"") is None
+                                for k in (b"idle-stuck/0", b"idle-done/0")),
+        )
+    )  # fmt: skip
+    assert writes.get(b"idle-stuck/0", b"") is None and writes.get(b"idle-done/0", b"") is None
+    stats = worker.stats()
+    assert stats.get("abandoned") == 1 and stats.get("done_expired") == 1, stats
+    assert stats.get("turns") == 2, stats  # the sweeps are not counted as batches of turns
+
+
 @pytest.mark.slow
 def test_partitions_move_between_two_workers_mid_stream(
     tmp_path: Path,

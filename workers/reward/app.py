@@ -81,7 +81,7 @@ class RewardStage:
             tables=[self.table], process=self.process, on_assigned=self._on_assigned,
             batch_size=config.batch_size, batch_within_s=config.batch_within_s,
             commit_interval_s=config.commit_interval_s,
-            session_timeout_s=config.session_timeout_s,
+            session_timeout_s=config.session_timeout_s, idle_s=config.sweep_interval_s,
             commit_metadata=self._recovery_point,
         )  # fmt: skip
         self.producer: AIOKafkaProducer | None = None

@@ -34,7 +34,9 @@ trajectory whose DONE state is gone starts it afresh.
 A trajectory still assembling with no new turn for `abandon_after_s` (two hours by
 default) is abandoned: its agent loop died and nothing restarted the attempt. Each turn
 it holds goes to `rl.dlq` byte for byte (cause `abandoned`, so the trajectory can be
-replayed from the dead letters), and its state is deleted the same way.
+replayed from the dead letters), and its state is deleted the same way. Every batch sweeps
+for both; with no turns arriving, the loop hands `process` an empty batch every
+`sweep_interval_s`, so an idle stage sweeps too.
 """
 
 from __future__ import annotations
@@ -164,8 +166,9 @@ class TurnProcessor:
     async def process(self, records: list[ConsumerRecord]) -> Awaitable[None]:
         """Steps 1-3 of the module doc; the awaitable that settles the batch."""
         started = time.monotonic()
-        self.stats.add("batches")
-        self.stats.add("turns", len(records))
+        if records:  # an empty batch is an idle sweep (`sweep_interval_s`)
+            self.stats.add("batches")
+            self.stats.add("turns", len(records))
         self.metrics.consumed(self.turns_topic, len(records))
         acks: list[Any] = await self._expire()  # broker futures of everything sent
         acks += await self._abandon()

@@ -139,6 +139,15 @@ class RewardConfig(BaseModel):
             " and its changelog."
         ),
     )
+    sweep_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "With no turns arriving for this long, the stage still sweeps its table: it expires"
+            " finished trajectories and abandons stuck ones (every batch sweeps too)."
+        ),
+    )
     pool_workers: int = Field(default=2, ge=1, le=256, description="Scorer pool processes.")
     scorer_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="Per trajectory, custom and RM scorers."
