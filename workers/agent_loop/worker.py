@@ -32,20 +32,22 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 
-from schemas.codec import decode, decode_as, encode, headers_for
+from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError, RolloutError
-from schemas.events import PolicyVersion, PromptEvent, ReplicaInfo, TurnEvent
+from schemas.events import PromptEvent, TurnEvent
 from workers.agent_loop.admission import AdmissionGate
 from workers.agent_loop.base import AgentContext, TurnRecord, get_agent_loop
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
+from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -58,8 +60,6 @@ __all__ = ["AgentLoopWorker"]
 log = logging.getLogger("rollout.agent_loop.worker")
 
 STAGE = "agent-loop"
-# Set by the trainer on the groups it drops (it counts those in `groups_trained` already).
-TRAINER_STALE_HEADER = "rl.stale.trainer_version"
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -128,6 +128,7 @@ class AgentLoopWorker:
     async def _setup(self) -> None:
         cfg = self.config
         conn = self.kafka.aiokafka_kwargs()
+        tail = f"{self.kafka.client_id}-{STAGE}-tail"
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -154,10 +155,14 @@ class AgentLoopWorker:
             self.llm = LLMClient(cfg.llm, cfg.replicas)
             await self.llm.start()
             if not cfg.replicas:
-                self._background.append(asyncio.create_task(self._follow_replicas()))
+                self._follow(follow_replicas(self.kafka, self.topics, self.llm, client_id=tail))
         if cfg.admission.max_staleness is not None:
-            self._background.append(asyncio.create_task(self._follow_policy()))
-            self._background.append(asyncio.create_task(self._follow_upstream_drops()))
+            self._follow(
+                follow_policy(self.kafka, self.topics, self.gate, self._saw_version, client_id=tail)
+            )
+            self._follow(
+                follow_upstream_drops(self.kafka, self.topics, self.gate, client_id=f"{tail}-stale")
+            )
         self.consumer = AIOKafkaConsumer(
             group_id=cfg.group_id,
             enable_auto_commit=False,
@@ -168,6 +173,10 @@ class AgentLoopWorker:
         )
         self.consumer.subscribe([self.topics.name("prompts")], listener=_Rebalance(self))
         await self.consumer.start()
+
+    def _follow(self, follower: Coroutine[Any, Any, None]) -> None:
+        """Run a follower of another stage's topic (`follow`) until shutdown."""
+        self._background.append(asyncio.create_task(follower))
 
     async def _shutdown(self) -> None:
         pending = [t for tasks in self._tasks.values() for t in tasks.values()]
@@ -411,53 +420,5 @@ class AgentLoopWorker:
                 len(tasks),
             )
 
-    # --- what other stages publish ----------------------------------------------------
-
-    async def _follow_policy(self) -> None:
-        """Track the trainer's progress (`PolicyVersion.groups_trained`) for the gate."""
-        async for event in self._tail(self.topics.name("policy")):
-            if isinstance(event, PolicyVersion):
-                self.gate.observe_trained(event.groups_trained)
-                self._policy_version = max(self._policy_version, event.version)
-
-    async def _follow_upstream_drops(self) -> None:
-        """Count groups dropped before the trainer (stale topic, no trainer header)."""
-        consumer = AIOKafkaConsumer(
-            self.topics.name("stale"), group_id=None, auto_offset_reset="earliest",
-            enable_auto_commit=False, client_id=f"{self.kafka.client_id}-{STAGE}-stale",
-            **self.kafka.aiokafka_kwargs(),
-        )  # fmt: skip
-        await consumer.start()
-        try:
-            async for record in consumer:
-                if not any(key == TRAINER_STALE_HEADER for key, _ in record.headers or ()):
-                    self.gate.observe_dropped()
-        finally:
-            await consumer.stop()
-
-    async def _follow_replicas(self) -> None:
-        """Add and remove replicas as they register on (and leave) the replicas topic."""
-        async for item in self._tail(self.topics.name("replicas"), tombstones=True):
-            if isinstance(item, ReplicaInfo):
-                self.llm.add_replicas([item])
-            elif isinstance(item, bytes):
-                self.llm.remove_replicas([item.decode()])
-
-    async def _tail(self, topic: str, *, tombstones: bool = False) -> Any:
-        consumer = AIOKafkaConsumer(
-            topic, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False,
-            client_id=f"{self.kafka.client_id}-{STAGE}-tail", **self.kafka.aiokafka_kwargs(),
-        )  # fmt: skip
-        await consumer.start()
-        try:
-            async for record in consumer:
-                if record.value is None:
-                    if tombstones and record.key is not None:
-                        yield record.key
-                    continue
-                try:
-                    yield decode(record.value)
-                except DecodeError as exc:
-                    log.warning("ignoring undecodable record on %s: %s", topic, exc)
-        finally:
-            await consumer.stop()
+    def _saw_version(self, version: int) -> None:
+        self._policy_version = max(self._policy_version, version)
