@@ -58,19 +58,34 @@ class LaunchError(RolloutError):
 
 
 def stage_resources(
-    name: str, *, backend: str, world_size: int, replica_threads: int
+    name: str, *, backend: str, world_size: int, replica_threads: int, trainer_gpus: int = 0
 ) -> tuple[float, float]:
     """`(num_cpus, num_gpus)` one stage's actor asks Ray for.
 
     hf replicas use `replica_threads` CPUs and no GPU; other backends a GPU per rank of the
-    replica (TP x DP x PP). The trainer asks one CPU (it trains on CPU); the rest mostly wait
-    on Kafka and the replicas, so they ask for none and never block scheduling.
+    replica (TP x DP x PP). The trainer asks one CPU and `trainer_gpus` GPUs (see
+    `trainer_gpus`); the rest mostly wait on Kafka and the replicas, so they ask for none and
+    never block scheduling.
     """
     if name.startswith("replica-"):
         return (float(replica_threads), 0.0) if backend == "hf" else (1.0, float(world_size))
     if name == "train":
-        return 1.0, 0.0
+        return 1.0, float(trainer_gpus)
     return 0.0, 0.0
+
+
+def trainer_gpus(device: str, node_gpus: list[int]) -> int:
+    """GPUs the trainer's actor asks for: one for `cuda`/`cuda:N` (Ray makes the one it
+    grants `cuda:0`, so `cuda:N` with N > 0 is refused), one for `auto` on a cluster with
+    GPUs, none for `cpu`."""
+    if device == "cpu" or (device == "auto" and not any(node_gpus)):
+        return 0
+    if device not in ("auto", "cuda", "cuda:0"):
+        _bad(f"trainer.device={device}: under Ray the trainer gets one GPU, which it sees as "
+             "cuda:0; use trainer.device=cuda")  # fmt: skip
+    if not any(node_gpus):
+        _bad(f"trainer.device={device} but no node of the Ray cluster has a GPU")
+    return 1
 
 
 def connect(address: str | None, *, start_local: bool = False) -> None:
@@ -189,6 +204,7 @@ def up(
         raise LaunchError(f"run {run!r} is already up; `rollout down --run {run}` first")
     node_gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     world_size = replica_world_size(backend, parallel, replicas, node_gpus)
+    train_gpus = trainer_gpus(cfg.trainer.device, node_gpus) if "train" in stages else 0
     replica_args = () if backend == "hf" else tuple(
         arg for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
         for arg in (flag, str(size))
@@ -202,7 +218,7 @@ def up(
 
     def resources(name: str) -> tuple[float, float]:
         return stage_resources(name, backend=backend, world_size=world_size,
-                               replica_threads=replica_threads)  # fmt: skip
+                               replica_threads=replica_threads, trainer_gpus=train_gpus)  # fmt: skip
 
     needed = sum(resources(name)[0] for name, _ in plan([0] * replicas))
     have = ray.cluster_resources().get("CPU", 0.0)

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.cli import build_parser
 from pipeline.launch import stage_plan
-from pipeline.ray_launch import LaunchError, replica_world_size, stage_resources
+from pipeline.ray_launch import LaunchError, replica_world_size, stage_resources, trainer_gpus
 
 
 def test_replicas_ask_for_their_threads_on_cpu_and_their_world_size_in_gpus() -> None:
@@ -18,6 +18,18 @@ def test_replicas_ask_for_their_threads_on_cpu_and_their_world_size_in_gpus() ->
     assert stage_resources("train", backend="vllm", world_size=4, replica_threads=1) == (1, 0)
     for light in ("sync-0", "agent-loop", "agent-loop-1", "reward", "replay"):
         assert stage_resources(light, backend="hf", world_size=1, replica_threads=1) == (0, 0)
+
+
+def test_the_trainer_asks_for_a_gpu_when_it_trains_on_one() -> None:
+    assert stage_resources("train", backend="hf", world_size=1, replica_threads=1,
+                           trainer_gpus=1) == (1, 1)  # fmt: skip
+    assert trainer_gpus("cpu", [8]) == 0
+    assert trainer_gpus("auto", [0, 0]) == 0 and trainer_gpus("auto", [0, 4]) == 1
+    assert trainer_gpus("cuda", [1]) == 1 and trainer_gpus("cuda:0", [1]) == 1
+    with pytest.raises(LaunchError, match="sees as cuda:0"):
+        trainer_gpus("cuda:1", [8])
+    with pytest.raises(LaunchError, match="no node of the Ray cluster has a GPU"):
+        trainer_gpus("cuda", [0])
 
 
 def test_replica_sizing_follows_the_placement_rules() -> None:
