@@ -1,6 +1,7 @@
 """The trainer on a GPU (`trainer.device=cuda`): run by infra/gpu_check.sh, skipped without CUDA.
 
-- One PPO step on the GPU gives the CPU step's loss, metrics and gradient norm.
+- One PPO step on the GPU gives the CPU step's loss, metrics and gradient norm; under bf16
+  autocast (`trainer.precision=bf16`) it stays close to them, with fp32 weights.
 - `Trainer._load` puts the policy and AdamW on the configured device; a checkpoint written
   from the GPU (weights + optimizer) resumes on the CPU with the very same tensors.
 
@@ -87,6 +88,22 @@ def test_a_step_on_the_gpu_matches_the_cpu(model_dir: Path) -> None:
     assert gpu["skipped_nonfinite"] == 0.0
     for key in ("loss", "grad_norm", "entropy", "is_weight_mean", "pg_clipfrac"):
         assert gpu[key] == pytest.approx(cpu[key], rel=2e-3, abs=1e-5), key
+
+
+def test_a_bf16_step_on_the_gpu_stays_close_to_fp32(model_dir: Path) -> None:
+    metrics = {}
+    for precision in ("fp32", "bf16"):
+        model = load(model_dir, "cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        batch = collate_groups(groups(model.config.vocab_size)).to("cuda")
+        config = TrainerConfig(micro_batch_size=2, precision=precision)
+        metrics[precision] = train_step(model, optimizer, batch, config)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+    fp32, bf16 = metrics["fp32"], metrics["bf16"]
+    print({k: (fp32[k], bf16[k]) for k in ("loss", "grad_norm", "entropy")})
+    assert bf16["skipped_nonfinite"] == 0.0 and bf16["loss"] != fp32["loss"]
+    assert bf16["loss"] == pytest.approx(fp32["loss"], rel=5e-2, abs=1e-3)
+    assert bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=1e-1)
 
 
 def test_the_trainer_loads_on_the_gpu_and_its_checkpoint_resumes_on_the_cpu(

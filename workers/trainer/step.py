@@ -37,21 +37,25 @@ def resolve_device(name: str) -> torch.device:
 
 
 def response_log_probs(
-    model: Any, batch: TrajectoryBatch, *, entropy_grad: bool = False
+    model: Any, batch: TrajectoryBatch, *, entropy_grad: bool = False, precision: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(response token) [B, R] and the entropy at each response position [B, R].
 
     The entropy carries a gradient only with `entropy_grad` (an entropy bonus in the loss).
+    With `precision="bf16"` the model runs under bf16 autocast; the log-softmax and what
+    follows are fp32 either way.
     """
     p = batch.prompt_length
     responses = batch["responses"]
     r = responses.shape[1]
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    )
+    input_ids = batch["input_ids"]
+    with torch.autocast(input_ids.device.type, torch.bfloat16, enabled=precision == "bf16"):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
     logits = out.logits[:, p - 1 : p + r - 1, :].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     if entropy_grad:
@@ -73,7 +77,9 @@ def train_step(
     parts = []
     total = 0.0
     for mb in batch.split(config.micro_batch_size):
-        logp, entropy = response_log_probs(model, mb, entropy_grad=config.entropy_coeff > 0)
+        logp, entropy = response_log_probs(
+            model, mb, entropy_grad=config.entropy_coeff > 0, precision=config.precision
+        )
         out = policy_loss(
             logp,
             logp.detach(),
