@@ -39,23 +39,20 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.llm.replicas.local import free_port
+from workers.llm.replicas.local import LocalReplicas
 
 __all__ = ["run"]
 
 logger = logging.getLogger("rollout.llm.bench_prefix")
 
-REPO = Path(__file__).resolve().parents[2]
 _PHASES = ("round_robin", "sticky")
 
 
@@ -110,12 +107,18 @@ def run(
             _allowed_ids(Path(model_dir)), conversations, turns, tool_tokens, system_tokens,
             task_tokens, seed,
         )  # fmt: skip
-        with _replicas(model_dir, replicas, prefix_cache_tokens, Path(tmp)) as (urls, pids):
+        reps = LocalReplicas(
+            model_dir, replicas, threads=1, log_dir=Path(tmp) / "logs", env={"OMP_NUM_THREADS": "1"},
+            extra_args=("--prefix-cache-tokens", str(prefix_cache_tokens)),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        with reps.start(timeout_s=startup_timeout_s):
+            logger.info("%d replicas healthy in %.1fs", replicas, time.perf_counter() - t0)
             order = [p for r in range(repeats) for p in (_PHASES if r % 2 == 0 else _PHASES[::-1])]
             runs = asyncio.run(
                 _run_phases(
-                    urls, pids, model_dir, workload, order, gen_tokens, concurrency,
-                    startup_timeout_s, system_tokens,
+                    reps.addresses, [proc.pid for proc in reps.procs], model_dir, workload, order,
+                    gen_tokens, concurrency, system_tokens,
                 )
             )  # fmt: skip
     phases = {routing: _summary([r for p, r in runs if p == routing]) for routing in _PHASES}
@@ -221,61 +224,10 @@ def _cpu_seconds(pids: list[int]) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-@contextmanager
-def _replicas(
-    model_dir: str, n: int, cache_tokens: int, log_dir: Path
-) -> Iterator[tuple[list[str], list[int]]]:
-    """Start `n` `hf` replica subprocesses (one torch thread each); always stop them."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    procs: list[subprocess.Popen[bytes]] = []
-    urls: list[str] = []
-    try:
-        for i in range(n):
-            port = free_port()
-            cmd = [sys.executable, "-m", "workers.llm.replicas.hf", "--model", model_dir]
-            cmd += ["--port", str(port), "--replica-id", f"r{i}", "--threads", "1"]
-            cmd += ["--prefix-cache-tokens", str(cache_tokens), "--log-level", "WARNING"]
-            with (log_dir / f"replica-{i}.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-                )
-            urls.append(f"http://127.0.0.1:{port}")
-        yield urls, [proc.pid for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def _named(urls: list[str]) -> list[Any]:
     from workers.llm.balancer import Replica
 
     return [Replica(f"r{i}", url) for i, url in enumerate(urls)]
-
-
-async def _wait_healthy(session: Any, urls: list[str], timeout_s: float) -> None:
-    import aiohttp
-
-    deadline = time.monotonic() + timeout_s
-    pending = list(urls)
-    while pending:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"replicas not healthy within {timeout_s:.0f}s: {pending}")
-        for url in list(pending):
-            try:
-                async with session.get(f"{url}/health") as resp:
-                    if resp.status == 200:
-                        pending.remove(url)
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-        if pending:
-            await asyncio.sleep(0.5)
 
 
 async def _scrape(session: Any, urls: list[str]) -> dict[str, tuple[float, float]]:
@@ -319,16 +271,12 @@ async def _run_phases(
     order: list[str],
     gen_tokens: int,
     concurrency: int,
-    startup_timeout_s: float,
     system_tokens: int,
 ) -> list[tuple[str, dict[str, Any]]]:
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        t0 = time.perf_counter()
-        await _wait_healthy(session, urls, startup_timeout_s)
-        logger.info("%d replicas healthy in %.1fs", len(urls), time.perf_counter() - t0)
         await _warm_up(urls, workload, gen_tokens)
         results: list[tuple[str, dict[str, Any]]] = []
         for version, routing in enumerate(order, start=1):

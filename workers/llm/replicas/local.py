@@ -2,11 +2,12 @@
 
 Each replica is a real `python -m workers.llm.replicas.hf` process on a free loopback port;
 `LocalReplicas` waits until every one answers `/health` and stops them all on exit (SIGTERM,
-then SIGKILL), whatever happened in between.
+then SIGKILL), whatever happened in between, a failed start included.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -38,12 +39,14 @@ class LocalReplicas:
         log_dir: str | Path | None = None,
         extra_args: tuple[str, ...] = (),
         version: int = 0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
         self.count = count
         self.threads = threads
         self.extra_args = extra_args
         self.version = version
+        self.env = {**os.environ, **env} if env else None  # added to this process's environment
         self.log_dir = (
             Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rollout-replicas-"))
         )
@@ -52,6 +55,14 @@ class LocalReplicas:
         self.ids: list[str] = []
 
     def start(self, timeout_s: float = 180.0) -> LocalReplicas:
+        """Start every replica and wait until each answers; on any failure, stop them all."""
+        try:
+            return self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> LocalReplicas:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(self.count):
             port = free_port()
@@ -80,6 +91,7 @@ class LocalReplicas:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    env=self.env,
                 )
             )
             log.close()
