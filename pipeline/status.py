@@ -20,6 +20,7 @@ from typing import Any
 
 from kafka import TopicPartition
 from kafka.admin import OffsetSpec
+from kafka.errors import KafkaError
 
 from schemas.codec import decode
 from schemas.errors import DecodeError
@@ -55,22 +56,29 @@ def _compacted(kafka: KafkaConfig, ends: dict[TopicPartition, int]) -> dict[byte
     inside a poll, and a first poll that returns before the metadata arrives (a loaded
     machine) read as an empty topic.
     """
-    if not ends:
+    if not any(ends.values()):
         return {}
+    topics = sorted({tp.topic for tp in ends})
     consumer = make_consumer(kafka, group_id=None, name="status")
     latest: dict[bytes, bytes | None] = {}
+    deadline = time.monotonic() + 30
+
+    def behind(tp: TopicPartition, end: int) -> bool:
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        position = consumer.position(tp, timeout_ms=left_ms)  # None: its reset is still on
+        return position is None or position < end
+
     try:
         consumer.assign(list(ends))
         consumer.seek_to_beginning()
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < end for tp, end in ends.items()):
+        while any(behind(tp, end) for tp, end in ends.items()):
             if time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"reading {sorted({tp.topic for tp in ends})} timed out"
-                )
+                raise KafkaUnavailableError(f"reading {topics} to its end took over 30 s")
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
                     latest[record.key or b""] = record.value
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"reading {topics}: {exc}") from exc
     finally:
         consumer.close()
     return latest
