@@ -465,7 +465,7 @@ def test_an_idle_stage_still_abandons_and_expires(
     assert writes.get(b"idle-stuck/0", b"") is None and writes.get(b"idle-done/0", b"") is None
     stats = worker.stats()
     assert stats.get("abandoned") == 1 and stats.get("done_expired") == 1, stats
-    assert stats.get("turns") == 2, stats  # the sweeps are not counted as batches of turns
+    assert stats.get("turns") == 2 and stats.get("sweeps", 0) >= 1, stats  # sweeps aren't batches
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ partition when the group rebalances. This module is that machinery, and only tha
   listener, so a rebalance waits for the batch in flight, lets every batch settle, commits,
   and then drops the revoked partitions' state; newly assigned partitions are restored
   before the first fetch from them. With `idle_s` set, `process([])` runs that often when
-  nothing arrives (the replay stage expires groups there).
+  nothing arrives (the replay stage expires groups there, the reward stage sweeps its table).
 - Commit metadata (optional, `commit_metadata`): a stage can attach a string to every offset
   commit, computed when no batch is unsettled, and read what was committed with each
   partition when it is assigned (`committed`). The reward stage records there how far the

@@ -197,7 +197,8 @@ class RewardStage:
         assert self.processor is not None
         started = time.monotonic()
         settle = await self.processor.process(records)
-        self.stats.last_batch_s = time.monotonic() - started
+        if records:  # not an idle sweep
+            self.stats.last_batch_s = time.monotonic() - started
         extra = self.pool.stats() if self.pool is not None else None
         self.stats.write(extra)
         now = time.monotonic()

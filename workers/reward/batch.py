@@ -166,12 +166,14 @@ class TurnProcessor:
     async def process(self, records: list[ConsumerRecord]) -> Awaitable[None]:
         """Steps 1-3 of the module doc; the awaitable that settles the batch."""
         started = time.monotonic()
-        if records:  # an empty batch is an idle sweep (`sweep_interval_s`)
-            self.stats.add("batches")
-            self.stats.add("turns", len(records))
-        self.metrics.consumed(self.turns_topic, len(records))
         acks: list[Any] = await self._expire()  # broker futures of everything sent
         acks += await self._abandon()
+        if not records:  # an idle sweep (`sweep_interval_s`): no batch, no batch timings
+            self.stats.add("sweeps")
+            return self._acked(acks)
+        self.stats.add("batches")
+        self.stats.add("turns", len(records))
+        self.metrics.consumed(self.turns_topic, len(records))
         decoded: list[tuple[ConsumerRecord, TurnEvent]] = []
         for n, record in enumerate(records, 1):
             if n % _YIELD_EVERY == 0:
@@ -307,6 +309,10 @@ class TurnProcessor:
         if self.config.on_failure == "score" and not isinstance(result, UnknownDataSource):
             return tagged, "failure_scored"
         return tagged, "dead_lettered"
+
+    async def _acked(self, acks: list[Any]) -> None:
+        if acks:
+            await asyncio.gather(*acks)
 
     async def _settle(
         self,
