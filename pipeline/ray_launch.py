@@ -74,17 +74,22 @@ def stage_resources(
     return 0.0, 0.0
 
 
-def trainer_gpus(device: str, node_gpus: list[int]) -> int:
-    """GPUs the trainer's actor asks for: one for `cuda`/`cuda:N` (Ray makes the one it
-    grants `cuda:0`, so `cuda:N` with N > 0 is refused), one for `auto` on a cluster with
-    GPUs, none for `cpu`."""
-    if device == "cpu" or (device == "auto" and not any(node_gpus)):
+def trainer_gpus(device: str, node_gpus: list[int], replica_gpus: int = 0) -> int:
+    """GPUs the trainer's actor asks for, next to the `replica_gpus` the replicas take.
+
+    `cpu`: none. `cuda`/`cuda:0`: one, which must be left free by the replicas (Ray makes
+    the GPU it grants `cuda:0`, so `cuda:N` with N > 0 is refused). `auto`: one when the
+    replicas leave one free, else none (the trainer then trains on the CPU).
+    """
+    free = sum(node_gpus) - replica_gpus
+    if device == "cpu" or (device == "auto" and free < 1):
         return 0
     if device not in ("auto", "cuda", "cuda:0"):
         _bad(f"trainer.device={device}: under Ray the trainer gets one GPU, which it sees as "
              "cuda:0; use trainer.device=cuda")  # fmt: skip
-    if not any(node_gpus):
-        _bad(f"trainer.device={device} but no node of the Ray cluster has a GPU")
+    if free < 1:
+        _bad(f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} GPUs are all "
+             f"taken by the replicas ({replica_gpus})")  # fmt: skip
     return 1
 
 
@@ -204,7 +209,10 @@ def up(
         raise LaunchError(f"run {run!r} is already up; `rollout down --run {run}` first")
     node_gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     world_size = replica_world_size(backend, parallel, replicas, node_gpus)
-    train_gpus = trainer_gpus(cfg.trainer.device, node_gpus) if "train" in stages else 0
+    replica_gpus = 0 if backend == "hf" else replicas * world_size
+    train_gpus = (
+        trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus) if "train" in stages else 0
+    )
     replica_args = () if backend == "hf" else tuple(
         arg for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
         for arg in (flag, str(size))

@@ -28,8 +28,12 @@ def test_the_trainer_asks_for_a_gpu_when_it_trains_on_one() -> None:
     assert trainer_gpus("cuda", [1]) == 1 and trainer_gpus("cuda:0", [1]) == 1
     with pytest.raises(LaunchError, match="sees as cuda:0"):
         trainer_gpus("cuda:1", [8])
-    with pytest.raises(LaunchError, match="no node of the Ray cluster has a GPU"):
+    with pytest.raises(LaunchError, match="all taken by the replicas"):
         trainer_gpus("cuda", [0])
+    assert trainer_gpus("auto", [4, 4], replica_gpus=7) == 1
+    assert trainer_gpus("auto", [4, 4], replica_gpus=8) == 0  # the replicas fill the cluster
+    with pytest.raises(LaunchError, match="8 GPUs are all taken by the replicas"):
+        trainer_gpus("cuda", [4, 4], replica_gpus=8)
 
 
 def test_replica_sizing_follows_the_placement_rules() -> None:

@@ -123,7 +123,8 @@ class TrainerConfig(BaseModel):
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
         description="Where the policy trains: cpu, cuda, cuda:N, or auto (cuda when one is "
-        "visible). Weights stay fp32; checkpoints are written from any device.",
+        "visible: on one machine, a GPU vLLM replicas may fill too; name the free one). "
+        "Checkpoints are written from any device. Under Ray the trainer asks for a GPU.",
     )
     seed: int = Field(default=0, ge=0, description="torch seed at start.")
 
