@@ -16,6 +16,8 @@ The original message's own headers follow these unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 __all__ = ["DLQ_HEADER_PREFIX", "DeadLetter"]
@@ -51,6 +53,33 @@ class DeadLetter(BaseModel):
         ]
         rest = [(k, v) for k, v in self.original_headers if not k.startswith(p)]
         return own + rest
+
+    @classmethod
+    def of_record(
+        cls,
+        stage: str,
+        record: Any,
+        exc: BaseException,
+        *,
+        cause: str | None = None,
+        value: bytes | None = None,
+    ) -> DeadLetter:
+        """The dead letter of a consumed record (kafka-python's or aiokafka's: topic,
+        partition, offset, key, value, headers) that `exc` stopped: its key, its value (or
+        `value`) and its headers as they were; the cause is `cause`, else `exc.cause`."""
+        key, raw = (v.encode() if isinstance(v, str) else v for v in (record.key, record.value))
+        return cls(
+            stage=stage,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error_class=type(exc).__name__,
+            error_cause=cause or getattr(exc, "cause", None) or "error",
+            error_message=str(exc) or repr(exc),
+            key=key,
+            value=value if value is not None else raw,
+            original_headers=[(k, bytes(v)) for k, v in (record.headers or [])],
+        )
 
     @classmethod
     def from_message(

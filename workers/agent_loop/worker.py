@@ -181,11 +181,8 @@ class AgentLoopWorker:
     async def _shutdown(self) -> None:
         pending = [t for tasks in self._tasks.values() for t in tasks.values()]
         if pending:
-            log.info(
-                "shutting down: waiting up to %.0fs for %d prompts",
-                self.config.grace_period_s,
-                len(pending),
-            )
+            log.info("shutting down: waiting up to %.0fs for %d prompts",
+                     self.config.grace_period_s, len(pending))  # fmt: skip
             _done, late = await asyncio.wait(pending, timeout=self.config.grace_period_s)
             for task in late:
                 task.cancel()
@@ -350,40 +347,20 @@ class AgentLoopWorker:
         self.metrics.produced(self.topics.name("turns"))
         self._generated_version = max(self._generated_version, event.max_global_steps)
         future: asyncio.Future[Any] = await self.producer.send(
-            self.topics.name("turns"),
-            key=event.trajectory_id.encode(),
-            value=encode(event),
-            headers=headers_for(event),
-        )
+            self.topics.name("turns"), key=event.trajectory_id.encode(), value=encode(event),
+            headers=headers_for(event))  # fmt: skip
         return future
 
     async def _dead_letter(self, record: Any, exc: BaseException) -> None:
         assert self.producer is not None
-        letter = DeadLetter(
-            stage=STAGE,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            error_class=type(exc).__name__,
-            error_cause=getattr(exc, "cause", None) or "error",
-            error_message=str(exc) or repr(exc),
-            key=record.key,
-            value=record.value,
-            original_headers=list(record.headers or []),
-        )
-        log.warning(
-            "dead-lettering prompt %s[%d]@%d: %s",
-            record.topic,
-            record.partition,
-            record.offset,
-            exc,
-        )
+        letter = DeadLetter.of_record(STAGE, record, exc)
+        log.warning("dead-lettering prompt %s[%d]@%d: %s",
+                    record.topic, record.partition, record.offset, exc)  # fmt: skip
         self.counters["dead_letters"] += 1
-        self.metrics.dead_letter(letter.error_class, self.topics.name("dlq"))
-        future = await self.producer.send(
-            self.topics.name("dlq"), key=record.key, value=record.value, headers=letter.headers()
-        )
-        await future
+        dlq = self.topics.name("dlq")
+        self.metrics.dead_letter(letter.error_class, dlq)
+        sent = self.producer.send(dlq, key=letter.key, value=letter.value, headers=letter.headers())
+        await (await sent)
 
     # --- offsets and rebalancing -------------------------------------------------------
 
@@ -414,11 +391,8 @@ class AgentLoopWorker:
                 self.tracker.drop(tp)
                 self._tasks.pop(tp, None)
         if tasks:
-            log.info(
-                "revoked %d partitions; %d unfinished prompts go to the new owner",
-                len(revoked),
-                len(tasks),
-            )
+            log.info("revoked %d partitions; %d unfinished prompts go to the new owner",
+                     len(revoked), len(tasks))  # fmt: skip
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)

@@ -35,19 +35,7 @@ class DeadLetterQueue:
         self, record: Any, exc: BaseException, *, cause: str | None = None
     ) -> FutureRecordMetadata:
         """Dead-letter a consumed record (anything with topic/partition/offset/key/value/headers)."""
-        letter = DeadLetter(
-            stage=self.stage,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            error_class=type(exc).__name__,
-            error_cause=cause or getattr(exc, "cause", None) or "error",
-            error_message=str(exc) or repr(exc),
-            key=_as_bytes(record.key),
-            value=_as_bytes(record.value),
-            original_headers=list(record.headers or []),
-        )
-        return self.send_letter(letter)
+        return self.send_letter(DeadLetter.of_record(self.stage, record, exc, cause=cause))
 
     def send_letter(self, letter: DeadLetter) -> FutureRecordMetadata:
         self.count += 1

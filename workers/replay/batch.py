@@ -290,18 +290,7 @@ class GroupProcessor:
         )
 
     async def _dead_letter(self, message: Any, exc: DecodeError) -> Any:
-        letter = DeadLetter(
-            stage=STAGE,
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            error_class=type(exc).__name__,
-            error_cause=exc.cause,
-            error_message=str(exc) or repr(exc),
-            key=message.key,
-            value=message.value,
-            original_headers=[(k, bytes(v)) for k, v in (message.headers or [])],
-        )
+        letter = DeadLetter.of_record(STAGE, message, exc, cause=exc.cause)
         log.warning(
             "dead-lettering %s[%d]@%d: %s (%s)",
             letter.topic, letter.partition, letter.offset, letter.error_message[:200], exc.cause,

@@ -27,18 +27,7 @@ STAGE = "reward"
 
 def record_letter(message: Any, exc: BaseException, value: bytes | None = None) -> DeadLetter:
     """A consumed record (an aiokafka `ConsumerRecord`) that could not be processed."""
-    return DeadLetter(
-        stage=STAGE,
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        error_class=type(exc).__name__,
-        error_cause=getattr(exc, "cause", None) or "error",
-        error_message=str(exc) or repr(exc),
-        key=message.key,
-        value=value if value is not None else message.value,
-        original_headers=[(k, bytes(v)) for k, v in (message.headers or [])],
-    )
+    return DeadLetter.of_record(STAGE, message, exc, value=value)
 
 
 def trajectory_letter(message: Any, tagged: ScoredTrajectory, exc: RewardError) -> DeadLetter:
