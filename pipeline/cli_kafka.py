@@ -42,7 +42,7 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_kafka_creds(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline import kafka_secure
+    from pipeline import kafka_access, kafka_secure
 
     port = args.port or cfg.local_kafka.port
     data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
@@ -50,7 +50,7 @@ def cmd_kafka_creds(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.user not in kafka_secure.load_credentials(data).users:
         creds, added = kafka_secure.ensure_credentials(data, [args.user])
         admin = kafka_secure.client_config(bootstrap, data, kafka_secure.ADMIN_USER)
-        kafka_secure.ensure_users(admin, creds, added)
+        kafka_access.ensure_users(admin, creds, added)
         print(f"created user {args.user} (no ACLs yet: rollout kafka grant)", file=sys.stderr)
     if args.password:
         print(kafka_secure.load_credentials(data).password(args.user))
@@ -60,13 +60,13 @@ def cmd_kafka_creds(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_kafka_grant(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline import kafka_secure
+    from pipeline import kafka_access, kafka_secure
 
     port = args.port or cfg.local_kafka.port
     data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
     admin = kafka_secure.client_config(f"localhost:{port}", data, kafka_secure.ADMIN_USER)
     names = [cfg.topics.name(t) if t in cfg.topics.ROLES else t for t in args.topic or []]
-    count = kafka_secure.grant(
+    count = kafka_access.grant(
         admin,
         args.user,
         topics=names,

@@ -334,11 +334,11 @@ def _security_kwargs(client_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _secure_users(data_dir: str, bootstrap: str, users: Sequence[str]) -> None:
     """Give `users` credentials on a running secure broker (new ones, or ones never created)."""
-    from pipeline import kafka_secure
+    from pipeline import kafka_access, kafka_secure
 
     creds, _ = kafka_secure.ensure_credentials(Path(data_dir), users)
     admin = kafka_secure.client_config(bootstrap, data_dir, kafka_secure.ADMIN_USER)
-    kafka_secure.ensure_users(admin, creds, list(users))
+    kafka_access.ensure_users(admin, creds, list(users))
 
 
 def _cluster_id() -> str:

@@ -12,8 +12,8 @@ once per data directory:
 
 Then users are created at format time (`StorageTool format --add-scram`, passed through a
 0600 Java argument file so no password shows in a process list) or, for a data directory
-formatted earlier, through the admin API (`ensure_users`). `grant()` adds ACLs;
-`client_config()` and `config_snippet()` give any stage its `kafka:` settings.
+formatted earlier, through the admin API (`kafka_access.ensure_users`). `kafka_access.grant()` adds
+ACLs; `client_config()` and `config_snippet()` give any stage its `kafka:` settings.
 
 Invariants:
 - Secrets live only in 0600 files under the data directory and in memory; they are never
@@ -33,12 +33,10 @@ import secrets
 import shutil
 import string
 import subprocess
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import yaml
 
@@ -50,11 +48,10 @@ __all__ = [
     "Credentials",
     "SecureBrokerError",
     "SecureSetup",
+    "check_user",
     "client_config",
     "config_snippet",
     "data_dir_for",
-    "ensure_users",
-    "grant",
     "load_credentials",
     "prepare",
 ]
@@ -67,8 +64,6 @@ MECHANISM = "SCRAM-SHA-512"
 BROKER_PRINCIPAL = "CN=rollout-broker"
 PASSWORD_ENV = "ROLLOUT_KAFKA__SASL_PASSWORD"
 _USER_CHARS = set(string.ascii_letters + string.digits + "._-")
-
-Operation = Literal["read", "write", "describe", "create", "delete", "alter", "describe_configs"]
 
 
 class SecureBrokerError(KafkaPlumbingError):
@@ -116,7 +111,7 @@ def credentials_path(data_dir: str | Path) -> Path:
     return Path(data_dir) / "credentials.json"
 
 
-def _check_user(name: str) -> str:
+def check_user(name: str) -> str:
     if not name or not set(name) <= _USER_CHARS:
         raise SecureBrokerError(f"user name {name!r}: use letters, digits, '.', '_' and '-'")
     return name
@@ -147,7 +142,7 @@ def ensure_credentials(
     data_dir: Path, users: Iterable[str] = ()
 ) -> tuple[Credentials, tuple[str, ...]]:
     """Load (or create) the credentials file; add a random password for each new user."""
-    wanted = [ADMIN_USER, *(_check_user(u) for u in users)]
+    wanted = [ADMIN_USER, *(check_user(u) for u in users)]
     path = credentials_path(data_dir)
     creds = (
         load_credentials(data_dir)
@@ -319,112 +314,3 @@ def config_snippet(bootstrap: str, data_dir: str | Path, user: str, *, port: int
         f'--password)"\n'
     )
     return header + yaml.safe_dump(section, sort_keys=False)
-
-
-def ensure_users(admin: KafkaConfig, credentials: Credentials, users: Sequence[str]) -> None:
-    """Create (or reset to the stored password) the SCRAM credentials of `users`."""
-    if not users:
-        return
-    from kafka.admin import ScramMechanism, UserScramCredentialUpsertion
-    from kafka.errors import KafkaError
-
-    from workers.kafka.clients import make_admin
-
-    upserts = [
-        UserScramCredentialUpsertion(u, ScramMechanism.SCRAM_SHA_512, credentials.password(u))
-        for u in users
-    ]
-    client = make_admin(admin)
-    try:
-        result = client.alter_user_scram_credentials(upserts)
-    except KafkaError as exc:
-        raise SecureBrokerError(f"creating SCRAM users failed: {exc}") from exc
-    finally:
-        client.close()
-    failed = {u: err for u, err in (result or {}).items() if err}
-    if failed:
-        raise SecureBrokerError(f"creating SCRAM users failed: {failed}")
-    log.info("SCRAM users created: %s", ", ".join(users))
-
-
-def grant(
-    admin: KafkaConfig,
-    user: str,
-    *,
-    topics: Sequence[str] = (),
-    operations: Sequence[Operation] = ("read", "write", "describe"),
-    group: str | None = None,
-    prefixed: bool = False,
-    wait_s: float = 15.0,
-) -> int:
-    """Allow `user` the `operations` on each of `topics`, and READ on consumer `group`.
-
-    `prefixed=True` makes every name a prefix (`rl.` covers all the pipeline's topics, a
-    group prefix covers every group starting with it). Granting is idempotent. Producers
-    need `write` (idempotent producers too: WRITE on a topic implies IDEMPOTENT_WRITE);
-    consumers need `read` on the topic and on their group. Returns the number of ACLs.
-
-    The controller commits ACLs before the broker's authorizer applies them; `grant` returns
-    only once the broker describes all of them (up to `wait_s`), so the next request of
-    `user` is already allowed.
-    """
-    from kafka.admin import (
-        ACL,
-        ACLFilter,
-        ACLOperation,
-        ACLPermissionType,
-        ACLResourcePatternType,
-        ResourcePattern,
-        ResourcePatternFilter,
-        ResourceType,
-    )
-    from kafka.errors import KafkaError
-
-    from workers.kafka.clients import make_admin
-
-    pattern = ACLResourcePatternType.PREFIXED if prefixed else ACLResourcePatternType.LITERAL
-    principal = f"User:{_check_user(user)}"
-
-    def acl(resource: ResourceType, name: str, op: str) -> ACL:
-        return ACL(
-            principal,
-            "*",
-            ACLOperation[op.upper()],
-            ACLPermissionType.ALLOW,
-            ResourcePattern(resource, name, pattern),
-        )
-
-    acls = [acl(ResourceType.TOPIC, t, op) for t in topics for op in operations]
-    if group is not None:
-        acls.append(acl(ResourceType.GROUP, group, "read"))
-    if not acls:
-        return 0
-    anything = ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY)
-    mine = ACLFilter(principal, None, ACLOperation.ANY, ACLPermissionType.ANY, anything)
-    client = make_admin(admin)
-    try:
-        result = client.create_acls(acls)
-        failed = result.get("failed") or []
-        if failed:
-            raise SecureBrokerError(f"granting ACLs to {principal} failed: {failed}")
-        deadline = time.monotonic() + wait_s
-        while True:
-            present, _ = client.describe_acls(mine)
-            if {_acl_key(a) for a in acls} <= {_acl_key(a) for a in present}:
-                break
-            if time.monotonic() > deadline:
-                raise SecureBrokerError(f"ACLs of {principal} not applied within {wait_s:.0f}s")
-            time.sleep(0.1)
-    except KafkaError as exc:
-        raise SecureBrokerError(f"granting ACLs to {principal} failed: {exc}") from exc
-    finally:
-        client.close()
-    log.info("granted %s on topics %s group %s to %s", list(operations), list(topics), group,
-             principal)  # fmt: skip
-    return len(acls)
-
-
-def _acl_key(acl: Any) -> tuple[object, ...]:
-    pattern = acl.resource_pattern
-    return (acl.principal, acl.operation, acl.permission_type, pattern.resource_type,
-            pattern.resource_name, pattern.pattern_type)  # fmt: skip

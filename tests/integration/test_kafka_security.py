@@ -29,7 +29,7 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from pydantic import SecretStr
 
-from pipeline import kafka_secure
+from pipeline import kafka_access, kafka_secure
 from pipeline.config import load_config
 from pipeline.kafka_local import broker_status, start_broker, stop_broker
 from pipeline.topics import create_topics
@@ -156,9 +156,9 @@ def test_user_granted_prompts_cannot_touch_replay(broker: SecureBroker) -> None:
     admin, alice = broker.config("admin"), broker.config("alice")
     prompts, replay = broker.topics.name("prompts"), broker.topics.name("replay")
     group = f"alice-{broker.port}"
-    count = kafka_secure.grant(admin, "alice", topics=[prompts], group=group)
+    count = kafka_access.grant(admin, "alice", topics=[prompts], group=group)
     assert count == 4  # read, write, describe on the topic + read on the group
-    assert kafka_secure.grant(admin, "alice", topics=[prompts], group=group) == 4  # idempotent
+    assert kafka_access.grant(admin, "alice", topics=[prompts], group=group) == 4  # idempotent
 
     _produce(alice, prompts, b"p1", b"p2")
     read = _consume(alice, prompts, group, b"p2")
