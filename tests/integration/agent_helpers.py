@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from kafka import TopicPartition
 
 from schemas import PromptEvent, TurnEvent, decode, encode, headers_for
 from tests.conftest import free_port
@@ -98,6 +99,35 @@ def produce_prompts(kafka: KafkaConfig, topic: str, prompts: list[PromptEvent | 
     producer.close()
 
 
+class TurnReader:
+    """Reads a turns topic from its beginning, its partitions assigned at once (a subscribing
+    reader is assigned inside a poll, which on a loaded machine can come after the run it
+    watches): `with TurnReader(kafka, topic) as r: ...; r.read(until=...)`."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
+        self.consumer = make_consumer(kafka, group_id=None, name="test-turns")
+        parts = self.consumer.partitions_for_topic(topic) or set()
+        self.consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        self.consumer.seek_to_beginning()
+        self.turns: list[TurnEvent] = []
+
+    def read(
+        self, *, until: Callable[[list[TurnEvent]], bool], timeout_s: float = 120.0
+    ) -> list[TurnEvent]:
+        """Every turn read so far, once `until(turns)` holds or `timeout_s` has passed."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not until(self.turns):
+            for records in self.consumer.poll(timeout_ms=100).values():
+                self.turns.extend(decode(r.value) for r in records)
+        return self.turns
+
+    def __enter__(self) -> TurnReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.consumer.close()
+
+
 def read_turns(
     kafka: KafkaConfig,
     topic: str,
@@ -105,16 +135,8 @@ def read_turns(
     until: Callable[[list[TurnEvent]], bool],
     timeout_s: float = 120.0,
 ) -> list[TurnEvent]:
-    consumer = make_consumer(kafka, topic, group_id=None)
-    turns: list[TurnEvent] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and not until(turns):
-            for records in consumer.poll(timeout_ms=500).values():
-                turns.extend(decode(r.value) for r in records)
-    finally:
-        consumer.close()
-    return turns
+    with TurnReader(kafka, topic) as reader:
+        return reader.read(until=until, timeout_s=timeout_s)
 
 
 def finals_by_sample(turns: list[TurnEvent]) -> dict[tuple[str, int], list[str]]:

@@ -8,13 +8,16 @@ import sys
 import time
 
 import pytest
-from kafka import TopicPartition
 
 from schemas import PromptEvent, decode
 from tests.conftest import REPO
-from tests.integration.agent_helpers import finals_by_sample, produce_prompts, read_turns
+from tests.integration.agent_helpers import (
+    TurnReader,
+    finals_by_sample,
+    produce_prompts,
+    read_turns,
+)
 from tests.integration.trainer_helpers import read_all
-from workers.kafka.clients import make_consumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -52,26 +55,18 @@ def test_kill_9_mid_run_loses_nothing(
     group = unique("al-kill")
     log = tmp_path / "worker.log"
 
-    # The reader has its partitions before the worker starts (a subscribing reader gets them
-    # inside a poll, which on a loaded machine came after the worker had finished), and the
-    # worker is killed at the first completed sample it sees.
-    turns_topic = topics_config.name("turns")
-    reader = make_consumer(kafka_config, group_id=None, name="test-kill-reader")
+    # The reader has its partitions before the worker starts, and the worker is killed at
+    # the first completed sample it sees.
     first = None
     try:
-        reader.assign(
-            [TopicPartition(turns_topic, p) for p in reader.partitions_for_topic(turns_topic)]
-        )
-        reader.seek_to_beginning()
-        first = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
-        seen: list = []
-        deadline = time.monotonic() + 180
-        while not finals_by_sample(seen):
-            assert time.monotonic() < deadline and first.poll() is None, log.read_text()[-3000:]
-            for records in reader.poll(timeout_ms=100).values():
-                seen.extend(decode(r.value) for r in records)
+        with TurnReader(kafka_config, topics_config.name("turns")) as reader:
+            first = start_worker(
+                kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log
+            )
+            reader.read(until=lambda ts: bool(finals_by_sample(ts)) or first.poll() is not None,
+                        timeout_s=180)  # fmt: skip
+            assert finals_by_sample(reader.turns), log.read_text()[-3000:]
     finally:
-        reader.close()
         if first is not None:
             first.kill()  # SIGKILL, mid-run
     first.wait()
