@@ -505,8 +505,14 @@ class HfProc:
         raise AssertionError(f"{self.replica_id} not ready:\n{self.log.read_text()[-3000:]}")
 
     async def running(self) -> int:
+        return int((await self.info())["running"])
+
+    async def waiting(self) -> int:
+        return int((await self.info())["waiting"])
+
+    async def info(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as s, s.get(self.address + "/info") as resp:
-            return int((await resp.json())["running"])
+            return dict(await resp.json())
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -601,12 +607,15 @@ async def test_hf_sigkill_in_the_middle_finishes_on_the_other(hf_replicas: list[
     async with client_for(hf_replicas, request_timeout_s=120) as client:
         pieces = spy_pieces(client)
         task, victim = await _start_and_wait(client, hf_replicas, "hf-kill")
-        await post(victim.address, "/abort_requests", {"request_ids": ["hf-kill"]})
+        # Pausing aborts the running piece (its tokens come back) and holds the re-sent rest
+        # in the victim's queue, so the kill always lands while the victim owns the request.
+        # (Killing a fixed time after a resume raced the resumed piece: on a fast machine it
+        # could finish on the victim first.)
+        await post(victim.address, "/pause")
         end = time.monotonic() + 60
-        while not (pieces and await victim.running() == 1):
+        while not (pieces and await victim.waiting() == 1):
             assert time.monotonic() < end and not task.done()
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
         victim.kill()
         out = await task
     before = pieces[0][2]
