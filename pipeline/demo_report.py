@@ -41,6 +41,10 @@ COLUMNS: tuple[str, ...] = (
     "entropy",
     "is_weight_mean",
     "grad_norm",
+    "pg_clipfrac",
+    "ppo_kl",
+    "kl_ref",
+    "truncated_frac",
     "step_time_s",
 )
 
@@ -80,6 +84,10 @@ def step_rows(
                 "entropy": float(record.get("entropy", float("nan"))),
                 "is_weight_mean": float(record.get("is_weight_mean", float("nan"))),
                 "grad_norm": float(record.get("grad_norm", float("nan"))),
+                "pg_clipfrac": float(record.get("pg_clipfrac", float("nan"))),
+                "ppo_kl": float(record.get("ppo_kl", float("nan"))),
+                "kl_ref": float(record.get("kl_ref", float("nan"))),
+                "truncated_frac": float(record.get("truncated_frac", float("nan"))),
                 "step_time_s": float(record.get("step_time_s", float("nan"))),
             }
         )

@@ -192,6 +192,11 @@ class ScoredTrajectory(EventBase):
     tool_rewards: list[float] = Field(default_factory=list)
     turn_scores: list[float] = Field(default_factory=list)
     group_size: int | None = Field(default=None, ge=1, description="Samples of this prompt (n).")
+    finish_reason: str | None = Field(
+        default=None,
+        description="Why the last model turn ended (stop, length, …); `length` is a response "
+        "cut at its token budget.",
+    )
     extra_fields: ExtraFields
 
     @model_validator(mode="after")

@@ -84,6 +84,20 @@ async def test_every_sample_yields_one_complete_trajectory(
                 assert np.all(turn.logprobs <= 0)
 
 
+async def test_sample_slots_count_each_prompts_own_n(
+    kafka_config, topics_config, tiny_model, hf_replicas, unique
+) -> None:
+    """Configured n = 1, prompts of n = 3, 4 slots: never more than 4 samples at once."""
+    prompts = [prompt(f"n3-{i}", f"What is {i} + 1?", n=3) for i in range(4)]
+    produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
+    cfg = worker_config(tiny_model, hf_replicas, group_id=unique("al"), n=1,
+                        max_samples_in_flight=4)  # fmt: skip
+    worker = AgentLoopWorker(kafka_config, topics_config, cfg)
+    await run_worker_until(worker, lambda: worker.counters["trajectories"] >= 12)
+    assert worker.counters["trajectories"] == 12
+    assert worker.counters["samples_in_flight_peak"] == 3  # room // 1 was 4 prompts = 12
+
+
 async def test_bad_prompts_go_to_the_dlq_and_the_rest_flows(
     kafka_config, topics_config, tiny_model, hf_replicas, unique
 ) -> None:

@@ -282,6 +282,29 @@ async def test_pause_resume_in_the_middle(replicas: list[FakeReplica]) -> None:
     assert 0 < done < 60 and second["max_tokens"] == 60 - done and first["max_tokens"] == 60
 
 
+async def test_a_seed_gives_every_sample_and_piece_its_own_stream(
+    replicas: list[FakeReplica],
+) -> None:
+    """One configured seed must not make a prompt's n samples (or a resumed piece) n copies."""
+    from workers.llm.client import piece_seed
+
+    async with client_for(replicas) as client:
+        rep = pin(client, replicas, "s/0")
+        task = asyncio.create_task(client.generate("s/0", PROMPT, {"max_tokens": 60, "seed": 7}))
+        await when(lambda: rep.running() == 1)
+        await asyncio.sleep(0.05)
+        await post(rep.address, "/abort_requests", {"request_ids": ["s/0"]})
+        await task
+        first, resumed = rep.bodies[-2], rep.bodies[-1]
+        await client.generate("s/1", PROMPT, {"max_tokens": 5, "seed": 7})
+    other = next(b for r in replicas for b in r.bodies if b["request_id"] == "s/1")
+    seeds = [first["seed"], resumed["seed"], other["seed"]]
+    assert len(set(seeds)) == 3
+    assert first["seed"] == piece_seed(7, "s/0", len(PROMPT))
+    assert resumed["seed"] == piece_seed(7, "s/0", len(resumed["prompt"]))
+    assert other["seed"] == piece_seed(7, "s/1", len(PROMPT)) != piece_seed(8, "s/1", len(PROMPT))
+
+
 async def test_update_weights_in_the_middle_spans_two_versions(replicas: list[FakeReplica]) -> None:
     async with client_for(replicas) as client:
         rep = pin(client, replicas, "u1")

@@ -197,17 +197,18 @@ def test_groups_staleness_zero_variance_timeout_and_dead_letters(
     assert sorted(emitted) == ["good", "part", "skew"], worker.log_tail()
     g, headers = emitted["good"]
     assert [s.sample_index for s in g.samples] == [0, 1, 2, 3]
-    assert g.advantages == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-4)
+    std = (4 * 0.25 / 3) ** 0.5  # [1, 0, 0, 1]: mean .5, sample std sqrt(1/3)
+    assert g.advantages == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], abs=1e-4)
     assert (g.min_global_steps, g.max_global_steps, g.emitted_at_version) == (9, 10, 10)
     assert headers["rl.staleness"] == b"1" and "rl.drop_reason" not in headers
-    s, _ = emitted["skew"]  # mean .75, population std sqrt(27/16)
-    std = (27 / 16) ** 0.5
+    s, _ = emitted["skew"]  # mean .75, sample std sqrt(27/12) = 1.5
+    std = 1.5
     assert s.advantages == pytest.approx(
         [2.25 / std, -0.75 / std, -0.75 / std, -0.75 / std], abs=1e-4
     )
     p, _ = emitted["part"]  # timed out with 2 of 4: emitted partial
     assert [x.sample_index for x in p.samples] == [0, 1]
-    assert p.advantages == pytest.approx([1.0, -1.0], abs=1e-4)
+    assert p.advantages == pytest.approx([0.5**0.5, -(0.5**0.5)], abs=1e-4)
 
     dropped = groups_of(stale)
     assert {uid: h["rl.drop_reason"] for uid, (_, h) in dropped.items()} == {
@@ -371,7 +372,8 @@ def test_restart_resolves_emitting_markers_left_by_a_crash(
     records = read_all(kafka_config, topics_config.name("replay"), until=lambda r: False, timeout=3)
     emitted = groups_of(records)
     assert sorted(emitted) == ["ghost", "landed"], worker.log_tail()
-    assert emitted["ghost"][0].advantages == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-4)
+    a = 0.5 / (1 / 3) ** 0.5  # [0, 1, 0, 1]: mean .5, sample std sqrt(1/3)
+    assert emitted["ghost"][0].advantages == pytest.approx([-a, a, -a, a], abs=1e-4)
     stats = worker.stats()
     assert stats["emit_recovered_present"] == 1 and stats["emit_recovered_missing"] == 1
     assert stats["emitted"] == 1

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from schemas import ScoredTrajectory
-from workers.replay.groups import GroupBuffer, group_advantages, judge
+from workers.replay.groups import GroupBuffer, PendingGroup, group_advantages, judge
 
 
 def scored(
@@ -22,12 +22,31 @@ def scored(
 
 
 def test_advantages_by_hand() -> None:
+    # The sample std (n - 1), as verl's torch.std: [1, 0, 0, 1] has mean .5, std sqrt(1/3).
     adv = group_advantages([1.0, 0.0, 0.0, 1.0])
-    assert adv == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)  # mean .5, std .5
+    std = math.sqrt(4 * 0.25 / 3)
+    assert adv == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], abs=1e-5)
     assert group_advantages([1.0, 0.0, 0.0, 1.0], norm_by_std=False) == [0.5, -0.5, -0.5, 0.5]
     assert group_advantages([2.0, 2.0]) == [0.0, 0.0]
-    three = group_advantages([3.0, 0.0, 0.0])
-    assert three[0] == pytest.approx(2 / math.sqrt(2), rel=1e-4)
+    assert group_advantages([0.7]) == [0.0]  # no baseline, no signal
+    three = group_advantages([3.0, 0.0, 0.0])  # mean 1, sample std sqrt(3)
+    assert three[0] == pytest.approx(2 / math.sqrt(3), rel=1e-4)
+
+
+def test_the_replay_group_and_the_consumer_batch_carry_the_same_advantages() -> None:
+    """One definition: `judge` (rl.replay) and `grpo_advantages` (rl.scored batches)."""
+    from workers.trainer.batching import grpo_advantages
+
+    rewards = [1.0, 0.0, 0.25, 1.0, 0.0]
+    pending = PendingGroup("u", expected=5)
+    for i, r in enumerate(rewards):
+        pending.samples[i] = scored("u", i, r)
+    decision = judge(
+        pending, current_version=0, max_staleness=None, stale_policy="keep",
+        drop_zero_variance=False, norm_by_std=True,
+    )  # fmt: skip
+    assert decision.group is not None
+    assert decision.group.advantages == grpo_advantages(rewards, ["u"] * 5)
 
 
 def test_group_completes_once_and_counts_duplicates() -> None:
@@ -59,7 +78,7 @@ def test_judge_staleness_and_zero_variance() -> None:
     fresh = judge(group, current_version=5, max_staleness=2, **kw)
     assert fresh.drop is None and fresh.staleness == 2
     assert fresh.group.min_global_steps == 3 and fresh.group.max_global_steps == 5
-    assert fresh.group.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert fresh.group.advantages == pytest.approx([math.sqrt(0.5), -math.sqrt(0.5)], abs=1e-5)
     stale = judge(group, current_version=6, max_staleness=2, **kw)
     assert stale.drop == "stale" and stale.staleness == 3
     kept = judge(group, current_version=6, max_staleness=2, **{**kw, "stale_policy": "keep"})

@@ -11,8 +11,10 @@ Delivery (at-least-once, de-duplicated downstream):
 - A prompt's offset is finished only after every turn of its `n` samples (or its dead
   letter) is acknowledged by the broker; per partition only the contiguous prefix of
   finished offsets is committed (`OffsetTracker`).
-- Backpressure: at most `max_samples_in_flight` samples run; when full, or when the
-  staleness gate is closed, the partitions are paused instead of buffering records.
+- Backpressure: at most `max_samples_in_flight` samples run, each prompt counted by its own
+  `n` (a prompt that does not fit is fetched again later; one that alone exceeds the bound
+  runs when nothing else does); when full, or when the staleness gate is closed, the
+  partitions are paused instead of buffering records.
 - Rebalance: the revoked partitions' unfinished prompts are cancelled, what is finished is
   committed, the rest is redelivered to the new owner, whose regenerated events carry a new
   `attempt_id`.
@@ -35,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Coroutine
 from typing import Any
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -223,7 +226,13 @@ class AgentLoopWorker:
             batch = await consumer.getmany(timeout_ms=200, max_records=max(1, room))
             for tp, records in batch.items():
                 for record in records:
-                    self._start(tp, record)
+                    n = self._sample_count(record)
+                    free = self.config.max_samples_in_flight - self._samples_in_flight
+                    if n > free and self._samples_in_flight > 0:
+                        # This prompt's own n does not fit yet: fetch it again later.
+                        consumer.seek(tp, record.offset)
+                        break
+                    self._start(tp, record, n)
             if loop.time() >= next_commit:
                 await self._commit()
                 next_commit = loop.time() + self.config.commit_interval_s
@@ -243,15 +252,26 @@ class AgentLoopWorker:
             await self.llm.check_health()
         return all(rep.version >= self._policy_version for rep in self.llm.balancer.routable())
 
-    def _start(self, tp: TopicPartition, record: Any) -> None:
+    def _sample_count(self, record: Any) -> int:
+        """The prompt's own `n` (else the configured one), read before it is admitted."""
+        try:
+            n = orjson.loads(record.value).get("n")
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            n = None
+        return n if isinstance(n, int) and n > 0 else self.config.n
+
+    def _start(self, tp: TopicPartition, record: Any, samples: int) -> None:
+        self._samples_in_flight += samples  # reserved until the prompt is done
+        peak = self.counters["samples_in_flight_peak"]
+        self.counters["samples_in_flight_peak"] = max(peak, self._samples_in_flight)
         self.tracker.start(tp, record.offset)
         self.gate.admit()
         self.counters["prompts_started"] += 1
         self.metrics.consumed(record.topic)
-        task = asyncio.create_task(self._process(tp, record))
+        task = asyncio.create_task(self._process(tp, record, samples))
         self._tasks[tp][record.offset] = task
 
-    async def _process(self, tp: TopicPartition, record: Any) -> None:
+    async def _process(self, tp: TopicPartition, record: Any, samples: int) -> None:
         try:
             try:
                 prompt = decode_as(record.value, PromptEvent)
@@ -288,6 +308,7 @@ class AgentLoopWorker:
             self.counters["prompts_failed"] += 1
             self.stop()
         finally:
+            self._samples_in_flight -= samples
             self._tasks[tp].pop(record.offset, None)
 
     async def _run_prompt(self, prompt: PromptEvent) -> None:
@@ -296,14 +317,10 @@ class AgentLoopWorker:
             prompt.agent_name or cfg.loops.default_agent, cfg.loops.user_loops
         )
         n = prompt.n or cfg.n
-        self._samples_in_flight += n
-        try:
-            results = await asyncio.gather(
-                *(self._run_sample(loop_cls, prompt, i, n) for i in range(n)),
-                return_exceptions=True,
-            )
-        finally:
-            self._samples_in_flight -= n
+        results = await asyncio.gather(
+            *(self._run_sample(loop_cls, prompt, i, n) for i in range(n)),
+            return_exceptions=True,
+        )
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -23,13 +23,20 @@ Retry policy:
 Replicas join and leave at run time (`add_replicas` / `remove_replicas`, fed later from the
 `rl.replicas` topic). A background task probes `/health` of every known replica every
 `health_interval_s` (`workers.llm.health`): `health_failures` consecutive failures take a
-replica out of routing, one success brings it back. Cancelling a `generate` aborts its request on the replica (best effort).
+replica out of routing, one success brings it back. Cancelling a `generate` aborts its request
+on the replica (best effort).
+
+Seeds: a `seed` in the sampling params seeds the whole generation, not each request alike.
+Every piece is sent with `piece_seed(seed, request_id, context length)`, so the n samples of
+a prompt (distinct request ids), the turns of one trajectory and the pieces of a resumed
+generation each draw their own stream, and a rerun of the same run draws the same ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,7 +68,7 @@ from workers.llm.exceptions import (
 )
 from workers.llm.health import HealthChecker
 
-__all__ = ["ClientState", "LLMClient", "LLMClientConfig", "ReplicaLike"]
+__all__ = ["ClientState", "LLMClient", "LLMClientConfig", "ReplicaLike", "piece_seed"]
 
 logger = logging.getLogger("rollout.llm.client")
 _JSON = {"Content-Type": "application/json"}
@@ -243,6 +250,9 @@ class LLMClient:
                 body.update(
                     prompt=[*prompt_ids, *got.tokens], max_tokens=remaining, request_id=request_id
                 )
+                if params.seed is not None:
+                    context = len(prompt_ids) + len(got.tokens)
+                    body["seed"] = piece_seed(params.seed, request_id, context)
                 version, choice = await self._complete(rep, body, deadline - loop.time())
             except RETRYABLE_ERRORS as exc:
                 failures += 1
@@ -406,3 +416,11 @@ class LLMClient:
         task = asyncio.get_running_loop().create_task(abort())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def piece_seed(seed: int, request_id: str, context_length: int) -> int:
+    """The seed of one request: distinct per (request id, context length), a 31-bit int."""
+    digest = hashlib.blake2b(
+        f"{seed}\x00{request_id}\x00{context_length}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF

@@ -14,37 +14,23 @@ group under partial policy `drop` → `timeout`; too stale under `drop` → `sta
 equal (a single sample included) with dynamic sampling on → `zero_variance`. A dropped group
 still carries its advantages, so what lands on the stale topic can be analysed or reused.
 
-Advantages (GRPO): `A_i = r_i − mean(r)`, divided by `std(r) + eps` when normalising by std
-(Dr. GRPO turns that off). A group whose rewards are all equal carries no signal; with
-dynamic sampling (DAPO) it is dropped.
+Advantages (GRPO): `schemas.advantages.group_advantages`, the one definition shared with
+`TrajectoryConsumer` (sample std; Dr. GRPO turns the division off). A group whose rewards are
+all equal carries no signal; with dynamic sampling (DAPO) it is dropped.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from schemas.advantages import EPS, group_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
 
 __all__ = ["Decision", "Drop", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
 
 Drop = Literal["stale", "zero_variance", "timeout", "duplicate_group"]
-
-
-def group_advantages(
-    rewards: list[float], *, norm_by_std: bool = True, eps: float = 1e-6
-) -> list[float]:
-    """GRPO group-normalised advantages (population std, as verl)."""
-    if not rewards:
-        return []
-    mean = sum(rewards) / len(rewards)
-    centred = [r - mean for r in rewards]
-    if not norm_by_std or len(rewards) == 1:
-        return centred
-    std = math.sqrt(sum(c * c for c in centred) / len(rewards))
-    return [c / (std + eps) for c in centred]
 
 
 @dataclass
@@ -105,7 +91,7 @@ def judge(
     drop_zero_variance: bool,
     norm_by_std: bool,
     partial_policy: Literal["emit", "drop"] = "emit",
-    eps: float = 1e-6,
+    eps: float = EPS,
 ) -> Decision:
     """Partial policy, staleness policy, dynamic sampling and advantages for one group."""
     samples = [group.samples[i] for i in sorted(group.samples)]

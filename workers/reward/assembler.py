@@ -226,6 +226,7 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
             if isinstance(t.metrics.get("turn_score"), _NUMBER)
         ],
         "group_size": first.group_size,
+        "finish_reason": next((t.stop_reason for t in reversed(turns) if t.loss_mask), None),
         "extra_fields": extra_fields,
     }
     return Assembled(

@@ -12,6 +12,8 @@ For B samples with longest prompt P and longest response R:
 - `old_logprobs`   [B, R]    the behaviour (rollout) logprobs, 0 on padding
 - `advantages`     [B, R]    the sample's advantage broadcast over `response_mask`
 - `token_level_rewards` [B, R]  the score on the last response token (verl), 0 elsewhere
+- `truncated`      [B]       1 where the response was cut at its token budget
+  (`finish_reason == "length"`), for the trainer's `mask_truncated` (DAPO's overlong filter)
 
 Metadata rides along: trajectory ids, uids, each sample's `min/max_global_steps`. Torch is
 imported by the functions that need it, so importing this module stays light.
@@ -19,12 +21,11 @@ imported by the functions that need it, so importing this module stays light.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from schemas.advantages import grpo_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ TENSOR_KEYS = (
     "old_logprobs",
     "advantages",
     "token_level_rewards",
+    "truncated",
 )
 
 
@@ -83,23 +85,21 @@ class TrajectoryBatch:
             dict(self.extra),
         )
 
+    def select(self, lo: int, hi: int) -> TrajectoryBatch:
+        """Samples `lo` to `hi` (exclusive), with the whole batch's padding."""
+        return TrajectoryBatch(
+            {k: v[lo:hi] for k, v in self.tensors.items()},
+            self.trajectory_ids[lo:hi],
+            self.uids[lo:hi],
+            self.min_global_steps[lo:hi],
+            self.max_global_steps[lo:hi],
+            self.prompt_length,
+            dict(self.extra),
+        )
+
     def split(self, size: int) -> list[TrajectoryBatch]:
         """Consecutive slices of at most `size` samples (same padding as the whole batch)."""
-        out = []
-        for lo in range(0, len(self), size):
-            hi = lo + size
-            out.append(
-                TrajectoryBatch(
-                    {k: v[lo:hi] for k, v in self.tensors.items()},
-                    self.trajectory_ids[lo:hi],
-                    self.uids[lo:hi],
-                    self.min_global_steps[lo:hi],
-                    self.max_global_steps[lo:hi],
-                    self.prompt_length,
-                    dict(self.extra),
-                )
-            )
-        return out
+        return [self.select(lo, lo + size) for lo in range(0, len(self), size)]
 
 
 def collate(
@@ -155,6 +155,7 @@ def collate(
         "old_logprobs": torch.from_numpy(old_logprobs),
         "advantages": adv,
         "token_level_rewards": torch.from_numpy(rewards),
+        "truncated": torch.tensor([s.finish_reason == "length" for s in samples]),
     }
     return TrajectoryBatch(
         tensors=tensors,
@@ -171,28 +172,3 @@ def collate_groups(groups: Sequence[TrainingGroup], *, pad_token_id: int = 0) ->
     samples = [s for g in groups for s in g.samples]
     advantages = [a for g in groups for a in g.advantages]
     return collate(samples, advantages, pad_token_id=pad_token_id)
-
-
-def grpo_advantages(
-    scores: Iterable[float], uids: Iterable[str], *, norm_by_std: bool = True, eps: float = 1e-6
-) -> list[float]:
-    """GRPO outcome advantages: (score − mean of its uid) / (std of its uid + eps).
-
-    For items read from `rl.scored`, where the replay stage has not computed advantages. A
-    uid seen once gets 0. `std` is the unbiased sample std (torch.std's, as in verl).
-    """
-    scores, uids = list(scores), list(uids)
-    by_uid: dict[str, list[float]] = defaultdict(list)
-    for score, uid in zip(scores, uids, strict=True):
-        by_uid[uid].append(score)
-    stats: dict[str, tuple[float, float]] = {}
-    for uid, values in by_uid.items():
-        n = len(values)
-        mean = sum(values) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 1.0
-        stats[uid] = (mean, std) if n > 1 else (values[0], 1.0)
-    out = []
-    for score, uid in zip(scores, uids, strict=True):
-        mean, std = stats[uid]
-        out.append((score - mean) / (std + eps) if norm_by_std else score - mean)
-    return out

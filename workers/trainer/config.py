@@ -1,9 +1,12 @@
 """`TrainerConfig`: everything the off-policy trainer is configured by, and nothing else.
 
 Imports no torch (the CLI parses it before anything heavy loads). Names of the loss knobs
-follow verl: `clip_ratio_low`/`clip_ratio_high` (PPO clip ε), `rollout_is_threshold` (the
-truncation cap C of the behaviour importance weights), `rollout_is_level`
-(token | sequence | geometric). See `workers.trainer.loss` for the exact formula.
+follow verl: `clip_ratio_low`/`clip_ratio_high` (PPO clip ε), `clip_ratio_c` (dual clip),
+`rollout_is_threshold` (the truncation cap C of the behaviour importance weights),
+`rollout_is_level` (token | sequence | geometric), `kl_coef`/`kl_loss_type` (KL to a frozen
+reference policy), `loss_agg_mode`; `ppo_mini_batches` and `ppo_epochs` (verl's
+`ppo_mini_batch_size` and `ppo_epochs`, counted in mini-batches per step). See
+`workers.trainer.loss` for the exact formula and `workers.trainer.step` for the updates.
 
 Cross-field rules checked at start:
 - with `stale_policy='drop'`, `max_staleness >= sync_every - 1`: replicas only see every
@@ -18,9 +21,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ISLevel", "Precision", "StalePolicy", "TrainerConfig"]
+__all__ = ["ISLevel", "KLLossType", "LossAggMode", "Precision", "StalePolicy", "TrainerConfig"]
 
 ISLevel = Literal["token", "sequence", "geometric"]
+KLLossType = Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
 Precision = Literal["fp32", "bf16"]
 StalePolicy = Literal["drop", "keep"]
 
@@ -81,8 +88,50 @@ class TrainerConfig(BaseModel):
         description="token: per-token w; sequence: product over the response; "
         "geometric: exp of the mean log-ratio.",
     )
+    clip_ratio_c: float | None = Field(
+        default=None,
+        gt=1.0,
+        le=100.0,
+        description="Dual-clip bound c: with A < 0 the loss is at most −A·c (verl 3.0); None: off.",
+    )
     entropy_coeff: float = Field(
         default=0.0, ge=0, le=1.0, description="Entropy bonus weight (0: entropy only logged)."
+    )
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        le=100.0,
+        description="Weight of KL(π_θ ‖ π_ref) in the loss, π_ref the frozen starting model "
+        "(`model_dir`); 0: no reference model is loaded.",
+    )
+    kl_loss_type: KLLossType = Field(
+        default="k3",
+        description="KL estimator: k1 (kl), k2 (mse) or k3 (low_var_kl), verl's names in brackets.",
+    )
+    loss_agg_mode: LossAggMode = Field(
+        default="token-mean",
+        description="How per-token losses become one number (verl's loss_agg_mode).",
+    )
+    loss_norm_length: int | None = Field(
+        default=None,
+        ge=1,
+        description="T of seq-mean-token-sum-norm (e.g. the max response length); "
+        "None: the padded response length of the update.",
+    )
+    ppo_mini_batches: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Optimiser updates per epoch of a step: its groups are cut into this many "
+        "mini-batches (whole groups each). More than one lets the PPO clip act.",
+    )
+    ppo_epochs: int = Field(
+        default=1, ge=1, le=100, description="Passes over the step's mini-batches."
+    )
+    mask_truncated: bool = Field(
+        default=False,
+        description="Leave responses cut at their token budget (finish_reason 'length') out "
+        "of the loss (DAPO's overlong filtering).",
     )
     max_staleness: int | None = Field(
         default=None,

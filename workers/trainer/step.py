@@ -1,14 +1,21 @@
 """One optimiser step of the policy on a padded batch (`workers.trainer.batching` layout).
 
-The step recomputes the current policy's logprobs of every response token (teacher forcing
-over `input_ids`), takes the proximal policy to be the current one (one update per step, so
-`old_log_prob = log_prob.detach()`), weights each token by the truncated behaviour importance
-weight against the rollout logprobs (`batch["old_logprobs"]`) and minimises the PPO-clip loss
-of `workers.trainer.loss`, token-mean over the whole batch, accumulated over micro-batches.
+A step is `ppo_epochs` passes over `ppo_mini_batches` mini-batches of the step's groups
+(whole groups each), one optimiser update per mini-batch, each accumulated over micro-batches
+of `micro_batch_size` samples. Every update recomputes the current policy's logprobs of the
+response tokens (teacher forcing over `input_ids`), weights each token by the truncated
+behaviour importance weight against the rollout logprobs (`batch["old_logprobs"]`) and
+minimises the loss of `workers.trainer.loss`, aggregated over the update's tokens.
+
+The proximal policy of the PPO ratio is the policy before the step: with one update it is
+the current one (`log_prob.detach()`, no extra forward, the clip never acts); with several,
+its logprobs are computed once before the first update, so later updates see the ratio move
+and the clip bound it (decoupled PPO: behaviour → proximal → current).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -66,48 +73,133 @@ def response_log_probs(
     return logp, entropy
 
 
-def train_step(
-    model: Any, optimizer: torch.optim.Optimizer, batch: TrajectoryBatch, config: TrainerConfig
-) -> dict[str, float]:
-    """Forward/backward every micro-batch, clip, step; returns the step's metrics."""
-    model.train()
+def mini_batches(batch: TrajectoryBatch, count: int) -> list[TrajectoryBatch]:
+    """`batch` cut into at most `count` slices of whole groups (a group's samples are
+    consecutive and share a uid), as even in groups as the group count allows."""
+    starts = [i for i in range(len(batch)) if i == 0 or batch.uids[i] != batch.uids[i - 1]]
+    k = max(1, min(count, len(starts)))
+    bounds = [starts[(j * len(starts)) // k] for j in range(k)] + [len(batch)]
+    return [batch.select(lo, hi) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> torch.Tensor:
+    """Response logprobs without a gradient, micro-batch by micro-batch, as one [B, R]."""
+    with torch.no_grad():
+        parts = [
+            response_log_probs(model, mb, precision=config.precision)[0]
+            for mb in batch.split(config.micro_batch_size)
+        ]
+    return torch.cat(parts, dim=0)
+
+
+def _update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    mb: TrajectoryBatch,
+    config: TrainerConfig,
+    *,
+    proximal: bool,
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """One optimiser update on the mini-batch `mb`: its metrics and its micro-batches' parts.
+
+    `proximal`: `mb["prox_logprobs"]` holds the policy before the step (several updates per
+    step); else the current policy is the proximal one (`log_prob.detach()`).
+    """
     optimizer.zero_grad(set_to_none=True)
-    token_count = float(batch["response_mask"].sum().item())
-    normaliser = max(token_count, 1.0)
+    mask = mb["response_mask"]
+    token_count = max(float(mask.sum().item()), 1.0)
+    seq_count = float(len(mb))
     parts = []
     total = 0.0
-    for mb in batch.split(config.micro_batch_size):
+    for micro in mb.split(config.micro_batch_size):
         logp, entropy = response_log_probs(
-            model, mb, entropy_grad=config.entropy_coeff > 0, precision=config.precision
+            model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
         )
         out = policy_loss(
             logp,
-            logp.detach(),
-            mb["old_logprobs"],
-            mb["advantages"],
-            mb["response_mask"],
+            micro["prox_logprobs"] if proximal else logp.detach(),
+            micro["old_logprobs"],
+            micro["advantages"],
+            micro["response_mask"],
             clip_ratio_low=config.clip_ratio_low,
             clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_c=config.clip_ratio_c,
             rollout_is_threshold=config.rollout_is_threshold,
             rollout_is_level=config.rollout_is_level,
             entropy=entropy,
             entropy_coeff=config.entropy_coeff,
-            token_count=normaliser,
+            ref_log_prob=micro.tensors.get("ref_logprobs"),
+            kl_coef=config.kl_coef,
+            kl_loss_type=config.kl_loss_type,
+            loss_agg_mode=config.loss_agg_mode,
+            token_count=token_count,
+            seq_count=seq_count,
+            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
         )
         out.loss.backward()
         total += float(out.loss.detach())
         parts.append(out.metrics)
     params = [p for p in model.parameters() if p.grad is not None]
-    if config.max_grad_norm is not None:
+    if not params:
+        norm = torch.zeros(())
+    elif config.max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
     else:
         norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
     grad_norm = float(norm)
-    if math.isfinite(grad_norm):
+    if math.isfinite(grad_norm) and params:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     metrics = summarize(parts)
-    metrics["loss"] = total
-    metrics["grad_norm"] = grad_norm
-    metrics["skipped_nonfinite"] = 0.0 if math.isfinite(grad_norm) else 1.0
-    return metrics
+    metrics.update(
+        loss=total, grad_norm=grad_norm, skipped_nonfinite=float(not math.isfinite(grad_norm))
+    )
+    return metrics, parts
+
+
+def train_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: TrajectoryBatch,
+    config: TrainerConfig,
+    *,
+    ref_model: Any | None = None,
+) -> dict[str, float | list[dict[str, float]]]:
+    """`ppo_epochs` passes over `ppo_mini_batches` mini-batches of the step's groups, one
+    optimiser update each; returns the step's metrics (`updates`: one entry per update).
+
+    With one update the proximal policy is the current one (no extra forward). With more,
+    the logprobs of the policy before the step are computed once, up front, and every
+    update's PPO ratio is taken against them, so the clip bounds how far the step moves.
+    `ref_model` (frozen) gives the reference logprobs of the KL term (`kl_coef`).
+    """
+    model.train()
+    if config.mask_truncated and "truncated" in batch.tensors:
+        keep = (1.0 - batch["truncated"].to(batch["response_mask"].dtype)).unsqueeze(-1)
+        batch.tensors["response_mask"] = batch["response_mask"] * keep
+        batch.tensors["advantages"] = batch["advantages"] * keep
+    updates = config.ppo_epochs * config.ppo_mini_batches
+    proximal = updates > 1
+    if proximal:
+        batch.tensors["prox_logprobs"] = _log_probs(model, batch, config)
+    if ref_model is not None:
+        batch.tensors["ref_logprobs"] = _log_probs(ref_model, batch, config)
+    minis = mini_batches(batch, config.ppo_mini_batches)
+    per_update: list[dict[str, float]] = []
+    parts: list[dict[str, float]] = []
+    for epoch in range(config.ppo_epochs):
+        for index, mb in enumerate(minis):
+            metrics, mb_parts = _update(model, optimizer, mb, config, proximal=proximal)
+            per_update.append({"epoch": float(epoch), "mini_batch": float(index), **metrics})
+            parts += mb_parts
+    out: dict[str, Any] = summarize(parts)
+    norms = [u["grad_norm"] for u in per_update]
+    out["loss"] = sum(u["loss"] for u in per_update) / len(per_update)
+    out["grad_norm"] = sum(norms) / len(norms)
+    out["grad_norm_max"] = max(norms)
+    out["skipped_nonfinite"] = sum(u["skipped_nonfinite"] for u in per_update)
+    out["optimizer_updates"] = float(len(per_update))
+    adv = batch["advantages"]
+    out["zero_advantage"] = float(not bool((adv.abs() * batch["response_mask"] > 1e-8).any()))
+    out["updates"] = per_update
+    return out

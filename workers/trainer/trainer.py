@@ -124,6 +124,14 @@ class Trainer:
         )
         if ckpt is not None and not load_optimizer(self.optimizer, ckpt.path):
             log.warning("checkpoint %s has no optimizer state; AdamW starts fresh", ckpt.path)
+        self.ref_model = None
+        if self.config.kl_coef > 0:
+            # The reference is the model the run started from, also after a restart.
+            ref = AutoModelForCausalLM.from_pretrained(
+                self.state.source_model or self.config.model_dir, dtype=torch.float32
+            )
+            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+        self.zero_advantage_steps = 0
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
@@ -272,7 +280,17 @@ class Trainer:
         groups: list[TrainingGroup] = [i.event for i in pending.train]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         started = time.monotonic()
-        metrics = train_step(self.model, self.optimizer, batch, self.config)
+        metrics = train_step(
+            self.model, self.optimizer, batch, self.config, ref_model=self.ref_model
+        )
+        if metrics["zero_advantage"]:
+            self.zero_advantage_steps += 1
+            log.warning(
+                "step %d: every advantage is 0 (%d such steps): the policy gradient is empty, "
+                "only the KL and entropy terms move the policy; rewards %s",
+                version + 1, self.zero_advantage_steps,
+                sorted({s.reward_score for g in groups for s in g.samples}),
+            )  # fmt: skip
         spans = [
             hi - lo + 1
             for lo, hi in zip(batch.min_global_steps, batch.max_global_steps, strict=True)
@@ -293,6 +311,8 @@ class Trainer:
             "groups": len(groups),
             "samples": len(batch),
             "reward_mean": sum(scores) / len(scores),
+            "zero_advantage_steps": self.zero_advantage_steps,
+            "truncated_frac": float(batch["truncated"].float().mean()),
             "stale_dropped": sum(e.kind == "stale" for e in drops),
             "duplicates_skipped": sum(e.kind == "duplicate" for e in drops),
             "staleness_hist": staleness_histogram(version - g.min_global_steps for g in groups),
@@ -306,9 +326,10 @@ class Trainer:
         for g in groups:
             self.metrics.observe_staleness(version - g.min_global_steps)
         log.info(
-            "step %d: loss %.4f clipfrac %.3f is_w mean %.4f [%.4f, %.4f] entropy %.3f "
-            "staleness %s groups %d",
-            st.version, metrics["loss"], metrics["pg_clipfrac"], metrics["is_weight_mean"],
+            "step %d: loss %.4f clipfrac %.3f ppo_kl %.4f is_w mean %.4f [%.4f, %.4f] "
+            "entropy %.3f staleness %s groups %d",
+            st.version, metrics["loss"], metrics["pg_clipfrac"], metrics["ppo_kl"],
+            metrics["is_weight_mean"],
             metrics["is_weight_min"], metrics["is_weight_max"], metrics["entropy"],
             record["staleness_hist"], len(groups),
         )  # fmt: skip
