@@ -93,6 +93,16 @@ class RunConfig(BaseSettings):
                         f"{name}.max_staleness ({value}) differs from "
                         f"agent_loop.admission.max_staleness ({gate.max_staleness})"
                     )
+        overlong = self.reward.overlong
+        if overlong.enabled and overlong.max_response_length is None:
+            # The penalty's budget is the agent loop's, unless the reward stage names one.
+            budget = self.agent_loop.sampling.max_tokens
+            if overlong.buffer_len > budget:
+                raise ValueError(
+                    f"reward.overlong.buffer_len ({overlong.buffer_len}) exceeds "
+                    f"agent_loop.sampling.max_tokens ({budget})"
+                )
+            self.reward.overlong = overlong.model_copy(update={"max_response_length": budget})
         return self
 
     @classmethod

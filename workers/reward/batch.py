@@ -63,6 +63,7 @@ from workers.reward.dispatch import Dispatcher, Score
 from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
 from workers.reward.ledger import TRAJECTORY_HEADER, OutputLedger
 from workers.reward.letters import abandoned_letter, record_letter, trajectory_letter
+from workers.reward.overlong import overlong_penalty
 from workers.reward.stats import RewardStats
 
 __all__ = ["TurnProcessor"]
@@ -289,10 +290,13 @@ class TurnProcessor:
     def _judge(self, draft: Assembled, result: Any) -> tuple[ScoredTrajectory, str]:
         """The trajectory with its score, and its outcome: scored, failure_scored, dead_lettered."""
         if isinstance(result, Score):
-            return (
-                ScoredTrajectory(**draft.fields, reward_score=result.value, reward_extra=result.extra),
-                "scored",
-            )  # fmt: skip
+            value, extra = result.value, result.extra
+            penalty = overlong_penalty(len(draft.fields["response_ids"]), self.config.overlong)
+            if penalty:
+                value, extra = value + penalty, {**extra, "overlong_penalty": penalty}
+            return ScoredTrajectory(
+                **draft.fields, reward_score=value, reward_extra=extra
+            ), "scored"
         self.stats.add("scorer_timeouts" if isinstance(result, ScorerTimeout) else "scorer_errors")
         if isinstance(result, UnknownDataSource):
             self.stats.add("unknown_data_source")

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.reward.overlong import OverlongConfig
+
 __all__ = [
     "DEFAULT_DATA_SOURCES",
     "CustomRewardConfig",
@@ -157,6 +159,10 @@ class RewardConfig(BaseModel):
         description="A scorer that raises or times out: dead-letter, or emit failure_score.",
     )
     failure_score: float = Field(default=0.0, description="Score when on_failure='score'.")
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig,
+        description="DAPO's soft overlong punishment added to every rule/custom score.",
+    )
     gsm8k: Gsm8kConfig = Field(default_factory=Gsm8kConfig)
     math: MathConfig = Field(default_factory=MathConfig)
     custom: CustomRewardConfig | None = Field(default=None, description="Overrides all scorers.")
