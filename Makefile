@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit lint demo chaos load clean kafka-up kafka-down
+.PHONY: install test test-unit lint demo chaos load learn clean kafka-up kafka-down
 
 install: $(STAMP)
 
@@ -46,6 +46,13 @@ load: install
 CHAOS_ARGS ?=
 chaos: install
 	$(ROLLOUT) chaos $(CHAOS_ARGS)
+
+# Learning, judged over runs: the demo's pipeline LEARN_RUNS times (distinct seeds); one JSON
+# object with how many learned (+0.2) and how many collapsed, and each run's curve.
+LEARN_RUNS ?= 10
+LEARN_ARGS ?=
+learn: install
+	$(ROLLOUT) bench learn --runs $(LEARN_RUNS) --json $(LEARN_ARGS)
 
 kafka-up: install
 	$(ROLLOUT) kafka up

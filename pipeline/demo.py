@@ -34,7 +34,7 @@ from typing import Any
 from pipeline.config import RunConfig, load_config
 from pipeline.demo_recipe import DemoRecipe
 
-__all__ = ["demo_config", "run_demo"]
+__all__ = ["demo_config", "prepare_model", "produce_prompts", "run_demo", "train_stages"]
 
 log = logging.getLogger("rollout.demo")
 
@@ -43,10 +43,17 @@ DEADLINE_S = 540.0  # stop training in time for teardown and the report within 1
 
 
 def demo_config(
-    cfg: RunConfig, *, prefix: str, model_dir: Path, run_dir: Path, recipe: DemoRecipe
+    cfg: RunConfig,
+    *,
+    prefix: str,
+    model_dir: Path,
+    run_dir: Path,
+    recipe: DemoRecipe,
+    max_staleness: int = MAX_STALENESS,
 ) -> RunConfig:
     """`cfg` (Kafka settings kept) with every stage configured for the demo's recipe."""
     data = cfg.model_dump()
+    staleness = max_staleness
     updates: dict[str, dict[str, Any]] = {
         "topics": {"prefix": prefix},
         "agent_loop": {
@@ -54,17 +61,23 @@ def demo_config(
             "max_samples_in_flight": 64, "commit_interval_s": 0.5,
             "sampling": {"max_tokens": recipe.max_tokens, "temperature": 1.0},
             "llm": {"health_interval_s": 1.0},
-            "admission": {"max_staleness": MAX_STALENESS, "train_batch_size": recipe.train_batch_size},
+            "admission": {"max_staleness": staleness, "train_batch_size": recipe.train_batch_size},
         },
         "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model_dir), "batch_within_s": 0.1,
-                   "commit_interval_s": 0.5},
+                   "commit_interval_s": 0.5,
+                   "overlong": {"buffer_len": recipe.overlong_buffer,
+                                "penalty_factor": recipe.overlong_penalty}},
         "replay": {"app_id": f"{prefix}replay", "n": recipe.n,
-                   "max_staleness": MAX_STALENESS, "batch_within_s": 0.1, "commit_interval_s": 0.5},
+                   "drop_zero_variance": recipe.drop_zero_variance,
+                   "max_staleness": staleness, "batch_within_s": 0.1, "commit_interval_s": 0.5},
         "trainer": {"model_dir": str(model_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
                     "group_id": f"{prefix}trainer", "train_batch_size": recipe.train_batch_size,
                     "micro_batch_size": recipe.train_batch_size * recipe.n, "sync_every": 1,
-                    "max_steps": recipe.steps, "max_staleness": MAX_STALENESS,
-                    "torch_threads": 1, "lr": recipe.lr},
+                    "max_steps": recipe.steps, "max_staleness": staleness,
+                    "torch_threads": 1, "lr": recipe.lr, "seed": recipe.seed,
+                    "ppo_mini_batches": recipe.ppo_mini_batches, "ppo_epochs": recipe.ppo_epochs,
+                    "kl_coef": recipe.kl_coef, "entropy_coeff": recipe.entropy_coeff,
+                    "mask_truncated": recipe.mask_truncated},
     }  # fmt: skip
     for section, values in updates.items():
         data[section] = _merge(data.get(section, {}), values)
@@ -81,7 +94,7 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _prepare_model(
+def prepare_model(
     model_dir: Path, recipe: DemoRecipe, done: dict[str, Any], cancel: threading.Event
 ) -> None:
     """Init + warm start (run in a thread while the broker starts); result or error in `done`."""
@@ -169,7 +182,7 @@ def run_demo(
     worker: threading.Thread | None = None
     try:
         worker = threading.Thread(
-            target=_prepare_model, args=(model_dir, recipe, prepared, cancel), daemon=True
+            target=prepare_model, args=(model_dir, recipe, prepared, cancel), daemon=True
         )
         worker.start()
         state = None
@@ -197,9 +210,9 @@ def run_demo(
         cfg = demo_config(cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe)
         created = create_topics(cfg.kafka, cfg.topics)
         console.print(f"topics: {', '.join(created)}")
-        sent = _produce(cfg, out, recipe, prompts)
+        sent = produce_prompts(cfg, out, recipe, prompts)
         console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
-        steps_done, launched = _train(cfg, run_dir, model_dir, recipe, console, started)
+        steps_done, launched = train_stages(cfg, run_dir, model_dir, recipe, console, started)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if worker is not None and worker.is_alive():
@@ -214,13 +227,22 @@ def run_demo(
     return out
 
 
-def _produce(cfg: RunConfig, out: Path, recipe: DemoRecipe, prompts: int | None) -> int:
+def produce_prompts(
+    cfg: RunConfig,
+    out: Path,
+    recipe: DemoRecipe,
+    prompts: int | None = None,
+    *,
+    max_staleness: int = MAX_STALENESS,
+) -> int:
     """The dataset (jsonl next to the report) → the prompts topic; returns how many."""
     from pipeline.data import arithmetic_rows, write_rows
     from pipeline.producer import PromptProducer
 
     # Enough for every step, plus what the admission gate lets run ahead of the trainer.
-    count = prompts or (recipe.steps + MAX_STALENESS + 3) * recipe.train_batch_size
+    count = prompts or (recipe.steps + max_staleness + 3) * recipe.train_batch_size
+    if recipe.drop_zero_variance and prompts is None:
+        count *= 4  # groups whose samples all score alike never reach the trainer
     rows = arithmetic_rows(count, seed=recipe.seed + 1, max_operand=recipe.max_operand)
     dataset = write_rows(rows, out / "prompts.jsonl")
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
@@ -228,15 +250,17 @@ def _produce(cfg: RunConfig, out: Path, recipe: DemoRecipe, prompts: int | None)
     return report.sent
 
 
-def _train(
+def train_stages(
     cfg: RunConfig,
     run_dir: Path,
     model_dir: Path,
     recipe: DemoRecipe,
     console: Any,
     started: float,
+    *,
+    deadline_s: float = DEADLINE_S,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Every stage as a process, the live view until the trainer is done.
+    """Every stage as a process, the live view (on `console`) until the trainer is done.
 
     Returns the trainer's step records and the (epoch) time the stages were launched.
     """
@@ -259,7 +283,7 @@ def _train(
         trainer = pipe.process("train")
         try:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
-                while trainer.alive and time.monotonic() - started < DEADLINE_S:
+                while trainer.alive and time.monotonic() - started < deadline_s:
                     for stage in pipe.processes:
                         if stage is not trainer and not stage.alive:
                             pipe.check()

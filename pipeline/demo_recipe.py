@@ -59,6 +59,14 @@ class DemoRecipe:
     lr: float = 1e-3
     max_tokens: int = 8
     steps: int = 60
+    ppo_mini_batches: int = 1
+    ppo_epochs: int = 1
+    kl_coef: float = 0.0
+    entropy_coeff: float = 0.0
+    mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    drop_zero_variance: bool = False
 
 
 def _prompt_ids(tokenizer: Any, row: dict[str, Any]) -> list[int]:
@@ -260,7 +268,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, value in DemoRecipe().__dict__.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        kind = (
+            (lambda text: text.lower() in ("1", "true", "yes"))
+            if isinstance(value, bool)
+            else type(value)
+        )
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     threads = args.__dict__.pop("threads")

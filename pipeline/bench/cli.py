@@ -105,6 +105,49 @@ def cmd_bench_pipeline(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from dataclasses import fields, replace
+
+    from pipeline.bench.learn import run
+    from pipeline.demo_recipe import DemoRecipe
+
+    recipe = DemoRecipe()
+    types = {f.name: type(getattr(recipe, f.name)) for f in fields(DemoRecipe)}
+    changes: dict[str, Any] = {}
+    for pair in args.recipe:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise SystemExit(f"rollout bench learn: --recipe {pair!r}: use KEY=VALUE, KEY one of "
+                             f"{', '.join(sorted(types))}")  # fmt: skip
+        kind = types[key]
+        changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    recipe = replace(recipe, **changes)
+    try:
+        staleness = [int(x) for x in args.staleness.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"rollout bench learn: --staleness {args.staleness!r}: e.g. 0,2") from None
+
+    def progress(result: dict[str, Any]) -> None:
+        print(f"seed {result['seed']} η={result['max_staleness']}: {result['first']:.3f} → "
+              f"{result['last']:.3f} ({result['delta']:+.3f}) in {result['wall_s']:.0f}s",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    result = run(cfg, runs=args.runs, staleness=staleness, recipe=recipe, seed=args.seed,
+                 out_dir=args.out, progress=progress)  # fmt: skip
+    _emit(result, args.json)
+    return 0
+
+
+def cmd_bench_train_step(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.train_step import run
+
+    result = run(groups=args.groups, n=args.n, response_tokens=args.response_tokens,
+                 mini_batches=args.mini_batches, epochs=args.epochs, rounds=args.rounds)  # fmt: skip
+    _emit(result, args.json)
+    return 0
+
+
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
@@ -173,3 +216,21 @@ def add_bench_parsers(sub: Any) -> None:
     e2e.add_argument("--model", help="Model directory (default: build the tiny model).")
     e2e.add_argument("--json", action="store_true")
     e2e.set_defaults(handler=cmd_bench_pipeline)
+    learn = bsub.add_parser("learn", help="N independent demo pipelines: does each one learn?")
+    learn.add_argument("--runs", type=int, default=10, help="Independent runs (seeds) per η.")
+    learn.add_argument("--staleness", default="2", help="max_staleness values, e.g. 0,2.")
+    learn.add_argument("--seed", type=int, default=0, help="Seed of the first run.")
+    learn.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
+                       help="Override a field of the demo recipe (repeatable).")  # fmt: skip
+    learn.add_argument("--out", help="Keep every run's directory here (default: a temp dir).")
+    learn.add_argument("--json", action="store_true")
+    learn.set_defaults(handler=cmd_bench_learn)
+    step = bsub.add_parser("train-step", help="Trainer step: one update vs PPO mini-batches.")
+    step.add_argument("--groups", type=int, default=8)
+    step.add_argument("--n", type=int, default=8, help="Samples per group.")
+    step.add_argument("--response-tokens", type=int, default=8)
+    step.add_argument("--mini-batches", type=int, default=2)
+    step.add_argument("--epochs", type=int, default=1)
+    step.add_argument("--rounds", type=int, default=7)
+    step.add_argument("--json", action="store_true")
+    step.set_defaults(handler=cmd_bench_train_step)

@@ -145,7 +145,9 @@ def test_kill_9_between_checkpoints_trains_every_group_exactly_once(
 ) -> None:
     groups = make_groups(tiny_model, 12, prefix="k")
     replay = topics_config.name("replay")
-    cfg = _config(tiny_model, tmp_path, idle_timeout_s=None)
+    # Two updates per step (one group each) and a KL term: the resumed trainer reloads the
+    # reference model from the run's source, and still trains no group twice.
+    cfg = _config(tiny_model, tmp_path, idle_timeout_s=None, ppo_mini_batches=2, kl_coef=0.05)
     stage = {
         "kafka": {"bootstrap_servers": kafka_config.bootstrap},
         "topics": {"prefix": topics_config.prefix},
@@ -184,6 +186,7 @@ def test_kill_9_between_checkpoints_trains_every_group_exactly_once(
     assert sorted(trained) == expected  # no duplicates, no gaps
     raw = [json.loads(x) for x in Path(cfg.metrics_path).read_text().splitlines()]
     step_lines = Counter(r["step"] for r in raw if r["event"] == "step")
+    assert {r["optimizer_updates"] for r in raw if r["event"] == "step"} == {2.0}
     assert step_lines[3] == 2  # step 3 was lost with the killed process and trained again
     assert [r["version"] for r in raw if r["event"] == "start"] == [0, 2]
     final = load_latest(cfg.checkpoint_dir)

@@ -15,6 +15,7 @@ and the clip bound it (decoupled PPO: behaviour → proximal → current).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -174,6 +175,7 @@ def train_step(
     `ref_model` (frozen) gives the reference logprobs of the KL term (`kl_coef`).
     """
     model.train()
+    batch = dataclasses.replace(batch, tensors=dict(batch.tensors))  # the caller's stays as it is
     if config.mask_truncated and "truncated" in batch.tensors:
         keep = (1.0 - batch["truncated"].to(batch["response_mask"].dtype)).unsqueeze(-1)
         batch.tensors["response_mask"] = batch["response_mask"] * keep

@@ -298,7 +298,13 @@ class Trainer:
         st = self.state
         st.version = version + 1
         drops = [e for e in pending.entries if e.kind != "train"]
-        scores = [s.reward_score for g in groups for s in g.samples]
+        shaped = [s.reward_score for g in groups for s in g.samples]
+        # The task's own score: the reward stage's shaping (the overlong penalty) taken out.
+        scores = [
+            s.reward_score - float(s.reward_extra.get("overlong_penalty", 0.0))
+            for g in groups
+            for s in g.samples
+        ]
         apply_entries(st, pending.entries, self.consumer.positions())
         self.recent.add(e.key for e in pending.entries)
         record = {
@@ -311,6 +317,7 @@ class Trainer:
             "groups": len(groups),
             "samples": len(batch),
             "reward_mean": sum(scores) / len(scores),
+            "shaped_reward_mean": sum(shaped) / len(shaped),
             "zero_advantage_steps": self.zero_advantage_steps,
             "truncated_frac": float(batch["truncated"].float().mean()),
             "stale_dropped": sum(e.kind == "stale" for e in drops),
