@@ -7,10 +7,11 @@ chosen here, offline and in one process, before anything touches Kafka:
   answers −3…9), the gsm8k format (`#### answer`), scored by the strict gsm8k rule.
 - Warm start (`warm_start`): ~20-40 s of supervised fine-tuning of the freshly initialised
   tiny model (400 steps at lr 3e-3), cross-entropy on the response tokens only, on targets of
-  two styles: 20% end in `#### n<|im_end|>` (4 tokens, what the strict scorer pays for), 80%
+  two styles: 30% end in `#### n<|im_end|>` (4 tokens, what the strict scorer pays for), 70%
   in `The answer is n.` (7 tokens, which it does not). The model then knows most answers but
-  rarely gives them in the paid format: sampled at temperature 1 the reward starts near
-  0.1-0.3, and GRPO groups have variance. RL learns the paid format (a choice shared by every
+  often gives them in the unpaid format: sampled at temperature 1 the reward starts near
+  0.2-0.5, and GRPO groups have variance. (With 20% the start varied from 0.02 to 0.3 by
+  seed, and the runs that started near 0 had too few paid samples to learn from.) RL learns the paid format (a choice shared by every
   prompt, learned in tens of steps) and sharpens the answers, to 0.8-0.95.
 - RL: GRPO, n = 8 samples per prompt, 8 groups per step, responses ≤ 8 tokens, lr 5e-4, two
   PPO mini-batches per step (the second update is clipped against the policy before the
@@ -58,7 +59,7 @@ class DemoRecipe:
     sft_steps: int = 400
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    sft_format_frac: float = 0.2
+    sft_format_frac: float = 0.3
     n: int = 8
     train_batch_size: int = 8
     lr: float = 5e-4

@@ -134,7 +134,7 @@ def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
 
     result = run(cfg, runs=args.runs, staleness=staleness, recipe=recipe, seed=args.seed,
-                 out_dir=args.out, progress=progress)  # fmt: skip
+                 target=args.target, out_dir=args.out, progress=progress)  # fmt: skip
     _emit(result, args.json)
     return 0
 
@@ -222,6 +222,8 @@ def add_bench_parsers(sub: Any) -> None:
     learn.add_argument("--seed", type=int, default=0, help="Seed of the first run.")
     learn.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                        help="Override a field of the demo recipe (repeatable).")  # fmt: skip
+    learn.add_argument("--target", type=float, default=0.6,
+                       help="Reward (mean of 5 steps) that times time_to_reward_s.")  # fmt: skip
     learn.add_argument("--out", help="Keep every run's directory here (default: a temp dir).")
     learn.add_argument("--json", action="store_true")
     learn.set_defaults(handler=cmd_bench_learn)

@@ -14,7 +14,7 @@ def _steps(rewards: list[float], **extra: float) -> list[dict[str, float]]:
 
 def test_a_run_that_learns() -> None:
     rewards = [0.1] * 5 + [0.3] * 10 + [0.5] * 5  # 20 steps: 10% windows of 2
-    out = summarize_run(_steps(rewards, zero_advantage=0.0), launched=90.0)
+    out = summarize_run(_steps(rewards, zero_advantage=0.0), launched=90.0, target=0.4)
     assert (out["first"], out["last"]) == pytest.approx((0.1, 0.5))
     assert out["learned"] and not out["collapsed"]
     # The mean of the last 5 steps first reaches 0.4 at step 18 (0.3, 0.3, 0.5, 0.5, 0.5).
