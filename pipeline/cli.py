@@ -22,6 +22,7 @@ from pipeline.cli_stages import add_stage_parsers
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from pipeline.load.cli import add_load_parser
 from schemas.errors import RolloutError
+from workers.kafka.client_logs import route_client_logs
 
 __all__ = ["build_parser", "main"]
 
@@ -40,7 +41,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.producer import PromptProducer
+    from pipeline.topics import require_topics
 
+    for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
+        print(f"{name}\t{outcome}", file=sys.stderr)
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         report = producer.produce_file(
             args.dataset,
@@ -62,9 +66,17 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
     import time
 
+    from pipeline.topics import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
     from workers.kafka.stream import EventStream
 
     topic = cfg.topics.name(args.topic) if args.topic in cfg.topics.ROLES else args.topic
+    if missing_topics(cfg.kafka, [topic]):
+        raise MissingTopicsError(
+            f"topic {topic} not found at {cfg.kafka.bootstrap}; `rollout topics create` "
+            "creates the run's topics, `rollout produce` fills rl.prompts",
+            topics=[topic],
+        )
     seen = 0
     deadline = time.monotonic() + args.timeout
     with EventStream(
@@ -285,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    route_client_logs(args.verbose)
+    cfg: RunConfig | None = None
     try:
         cfg = _config(args)
         handler: Handler = args.handler
@@ -295,12 +309,29 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutError as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)
         return 1
+    except _client_errors() as exc:
+        # A Kafka client's error that no command translated: still the user's broker or
+        # network, so one line, not a traceback.
+        where = f" at {cfg.kafka.bootstrap}" if cfg is not None else ""
+        print(f"rollout: error: Kafka{where}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print("rollout: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `rollout consume | head`: the reader left; not an error of ours.
         sys.stderr.close()
         return 0
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The error roots of the Kafka client libraries this run imported. Looked up only when
+    an error propagates, so the CLI itself imports neither (`--help` stays instant)."""
+    roots: list[type[BaseException]] = []
+    for module in ("kafka.errors", "aiokafka.errors"):
+        if module in sys.modules:
+            roots.append(sys.modules[module].KafkaError)
+    return tuple(roots)
 
 
 if __name__ == "__main__":
