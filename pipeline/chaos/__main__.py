@@ -10,6 +10,7 @@ import sys
 
 from pipeline.chaos.faults import DEFAULT_FAULTS
 from pipeline.chaos.run import ChaosOptions, run_chaos
+from workers.kafka.client_logs import route_client_logs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +36,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def main_with(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: every stage and the run's broker are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
-    for noisy in ("kafka", "aiokafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A broker restart makes kafka-python warn of every retried request: the faults are meant,
+    # so its records show only with -v (the report accounts for every sample).
+    route_client_logs(getattr(args, "verbose", 0))
     opts = ChaosOptions(
         samples=args.samples, n=args.n, agent_loop_workers=args.workers, replicas=args.replicas,
         faults=tuple(args.faults) if args.faults else DEFAULT_FAULTS, seed=args.seed,
@@ -57,6 +59,7 @@ def main_with(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.chaos", description=__doc__)
     add_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="Kafka clients' logs.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     return main_with(parser.parse_args(argv))
 
