@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.bench.cli import add_bench_parsers
 from pipeline.chaos.__main__ import add_arguments as add_chaos_arguments
 from pipeline.cli_kafka import add_kafka_parsers, print_json
-from pipeline.cli_stages import add_stage_parsers
+from pipeline.cli_stages import add_stage_parsers, checked_model_dir
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from pipeline.load.cli import add_load_parser
 from schemas.errors import RolloutError
@@ -145,7 +145,7 @@ def cmd_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     model = args.model or cfg.trainer.model_dir or cfg.agent_loop.model
     if not model:
         raise ConfigError("--model (or trainer.model_dir) must name the model directory")
-    model = str(Path(model).resolve())
+    model = str(Path(checked_model_dir(model, "--model" if args.model else "model")).resolve())
     trainer = {"model_dir": cfg.trainer.model_dir or model}
     if args.steps is not None:
         trainer["max_steps"] = args.steps

@@ -5,12 +5,33 @@ stage (and torch) only when it runs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from pipeline.cli_kafka import print_json
 from pipeline.config import ConfigError, RunConfig
 
-__all__ = ["add_stage_parsers"]
+__all__ = ["add_stage_parsers", "checked_model_dir"]
+
+
+def checked_model_dir(path: str, what: str) -> str:
+    """`path` if it is a model or tokenizer directory; else `ConfigError` naming `what` (the
+    flag or field) and the command that writes one. Checked before any stage starts, so a
+    typo is one line, not a transformers traceback after the imports."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        why = "is not a directory" if directory.exists() else "does not exist"
+    elif not any((directory / name).is_file() for name in _MODEL_FILES):
+        why = f"holds no {' or '.join(_MODEL_FILES)}"
+    else:
+        return str(directory)
+    raise ConfigError(
+        f"{what}: model directory {path} {why} "
+        "(`rollout model init --out DIR` writes the project's tiny model)"
+    )
+
+
+_MODEL_FILES = ("config.json", "tokenizer_config.json")
 
 
 def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -21,6 +42,9 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.replicas.registration import ReplicaRegistration
 
     backend = get_backend(args.backend)
+    if args.backend == "hf" or Path(args.model).expanduser().exists():
+        # vLLM and SGLang also take a hub id, which is not a path here.
+        args.model = checked_model_dir(args.model, "--model")
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
     advertised = (
         args.advertise
@@ -68,6 +92,7 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
     if not worker_cfg.model:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
+    checked_model_dir(worker_cfg.model, "--model" if args.model else "agent_loop.model")
     metrics = _metrics("agent-loop", args)
 
     async def main() -> int:
@@ -114,6 +139,9 @@ def _stop_event_on_signals() -> Any:
 
 def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.reward.worker import run_worker
+
+    if cfg.reward.tokenizer:
+        checked_model_dir(cfg.reward.tokenizer, "reward.tokenizer")
 
     return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
 

@@ -111,6 +111,11 @@ class Trainer:
         ckpt = load_latest(self.root)
         if ckpt is None and not self.config.model_dir:
             raise CheckpointError("no checkpoint in checkpoint_dir and no model_dir configured")
+        if ckpt is None and not (Path(self.config.model_dir) / "config.json").is_file():
+            raise CheckpointError(
+                f"no checkpoint in {self.root}, and model_dir {self.config.model_dir} is not a "
+                "model directory (no config.json; `rollout model init --out DIR` writes one)"
+            )
         self.source = ckpt.path if ckpt is not None else Path(self.config.model_dir)
         self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
         self.device = resolve_device(self.config.device)
