@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.bench.cli import add_bench_parsers
 from pipeline.chaos.__main__ import add_arguments as add_chaos_arguments
@@ -40,14 +41,16 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.datasets import read_rows
     from pipeline.producer import PromptProducer
     from pipeline.topics import require_topics
 
+    rows = read_rows(args.dataset)  # a wrong path or format fails here, before Kafka
     for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
         print(f"{name}\t{outcome}", file=sys.stderr)
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        report = producer.produce_file(
-            args.dataset,
+        report = producer.produce_rows(
+            rows,
             uid_prefix=args.uid_prefix or Path(args.dataset).stem,
             default_data_source=cfg.produce.default_data_source,
             limit=args.limit,
@@ -56,10 +59,16 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
         )
     for error in report.errors[:20]:
         print(f"skipped {error}", file=sys.stderr)
+    if len(report.errors) > 20:
+        print(f"… and {len(report.errors) - 20} more", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     print_json(
         {"sent": report.sent, "skipped": report.skipped, "seconds": round(report.seconds, 3)}
     )
+    if report.sent == 0 and args.limit != 0:
+        what = "no valid row" if report.skipped else "no rows"
+        print(f"rollout: error: nothing produced: {args.dataset} has {what}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -176,6 +185,21 @@ def cmd_down(args: argparse.Namespace, cfg: RunConfig) -> int:
 # --- parser --------------------------------------------------------------------------
 
 
+def _at_least(
+    low: float, kind: Callable[[str], Any], *, strict: bool = False
+) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)`, refused (one usage line) below `low`, or at it if strict."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}: {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollout", description="Streaming rollout pipeline for async off-policy RL on Kafka."
@@ -193,9 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_kafka_parsers(sub)
     produce = sub.add_parser("produce", help="Produce a verl-format dataset to the prompts topic.")
     produce.add_argument("--dataset", required=True, help=".parquet, .jsonl or .json")
-    produce.add_argument("--limit", type=int)
+    produce.add_argument("--limit", type=_at_least(0, int), help="Produce at most this many.")
     produce.add_argument(
-        "--rate", type=float, help="Prompts per second (default: as fast as possible)."
+        "--rate",
+        type=_at_least(0, float, strict=True),
+        help="Prompts per second (default: as fast as possible).",
     )
     produce.add_argument("--uid-prefix", help="Prefix of generated uids (default: file stem).")
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
