@@ -75,7 +75,7 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
     import time
 
-    from pipeline.topics import missing_topics
+    from workers.kafka.admin import missing_topics
     from workers.kafka.exceptions import MissingTopicsError
     from workers.kafka.stream import EventStream
 

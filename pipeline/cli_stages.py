@@ -98,6 +98,8 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     async def main() -> int:
         from aiokafka.errors import KafkaError
 
+        from workers.kafka.exceptions import KafkaUnavailableError
+
         worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,6 +108,9 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
             worker.stop()
         try:
             await worker.run()
+        except KafkaUnavailableError as exc:
+            print(f"rollout: error: {exc}", file=sys.stderr)
+            return 75
         except KafkaError as exc:
             # The broker is down or unreachable (at start, or a client gave up): nothing was
             # committed past what is done, so starting again later is the whole remedy.

@@ -19,6 +19,7 @@ from typing import Any
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import MissingTopicsError
@@ -27,7 +28,6 @@ __all__ = [
     "create_topics",
     "delete_topics",
     "describe_topics",
-    "missing_topics",
     "require_topics",
     "topic_configs",
 ]
@@ -79,16 +79,6 @@ def create_topics(
         return outcome
     finally:
         admin.close()
-
-
-def missing_topics(kafka: KafkaConfig, names: Sequence[str]) -> list[str]:
-    """Those of `names` that the cluster does not have."""
-    admin = make_admin(kafka)
-    try:
-        present = set(admin.list_topics())
-    finally:
-        admin.close()
-    return [name for name in names if name not in present]
 
 
 def require_topics(

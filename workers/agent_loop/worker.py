@@ -50,6 +50,7 @@ from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
+from workers.kafka.admin import missing_topics
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import KafkaUnavailableError
 from workers.llm.exceptions import BadRequestError
@@ -118,15 +119,18 @@ class AgentLoopWorker:
     # --- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._setup()
-        assert self.consumer is not None and self.producer is not None
         try:
+            await self._setup()
             await self._consume()
-        finally:
+        finally:  # after a failed setup too: what it started is closed, not left to the GC
             await self._shutdown()
 
     async def _setup(self) -> None:
         cfg = self.config
+        if missing := missing_topics(
+            self.kafka, [self.topics.name(r) for r in ("prompts", "turns")]
+        ):
+            raise AgentLoopError(f"no topic {', '.join(missing)} (run `rollout topics create`)")
         conn = self.kafka.aiokafka_kwargs()
         tail = f"{self.kafka.client_id}-{STAGE}-tail"
         if self.tokenizer is None:
