@@ -132,6 +132,9 @@ def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
         from rich.console import Console
 
         Console().print(render_status(status))
+    if not status["topics"]:
+        print(f"rollout: no {cfg.topics.prefix}* topics at {cfg.kafka.bootstrap} yet; "
+              "`rollout topics create` creates them", file=sys.stderr)  # fmt: skip
     return 0
 
 

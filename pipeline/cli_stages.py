@@ -41,10 +41,14 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.replicas import get_backend
     from workers.llm.replicas.registration import ReplicaRegistration
 
-    backend = get_backend(args.backend)
+    # Everything a user can get wrong is checked before the backend (torch, vLLM) imports.
     if args.backend == "hf" or Path(args.model).expanduser().exists():
         # vLLM and SGLang also take a hub id, which is not a path here.
         args.model = checked_model_dir(args.model, "--model")
+    _require_free_port(args.host, args.port)
+    if args.register:
+        _require_topic(cfg, "replicas", "to register on")
+    backend = get_backend(args.backend)
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
     advertised = (
         args.advertise
@@ -72,6 +76,30 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         if registration is not None:
             registration.leave()
     return int(result or 0)
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """ConfigError if nothing can listen on host:port (in use, or no such address). A probe:
+    the port is free again at once, for the backend to bind; losing that race is rare."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _require_topic(cfg: RunConfig, role: str, why: str) -> None:
+    from workers.kafka.admin import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
+
+    if missing := missing_topics(cfg.kafka, [cfg.topics.name(role)]):
+        raise MissingTopicsError(
+            f"no topic {missing[0]} {why} (run `rollout topics create`)", topics=missing
+        )
 
 
 def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -179,6 +207,13 @@ def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port (1-65535): {text}")
+    return port
+
+
 def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
@@ -196,7 +231,7 @@ def add_stage_parsers(sub: Any) -> None:
     serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
     serve.add_argument("--model", required=True, help="Model directory.")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--replica-id")
     serve.add_argument(
         "--version", type=int, default=0, help="Policy version of the weights at start."
