@@ -130,8 +130,10 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
 
         worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        loop.add_signal_handler(
+            signal.SIGINT, _interrupt_handler(worker, worker_cfg.grace_period_s)
+        )
         if early_stop.is_set():
             worker.stop()
         try:
@@ -146,9 +148,35 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
             return 75
         # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
         # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
-        return 75 if worker.counters["prompts_failed"] else 0
+        if failed := worker.counters["prompts_failed"]:
+            print(f"rollout: error: stopped after {failed} prompt(s) failed (logged above); "
+                  "they are redelivered when a worker starts again", file=sys.stderr)  # fmt: skip
+            return 75
+        return 0
 
     return asyncio.run(main())
+
+
+def _interrupt_handler(worker: Any, grace_s: float) -> Any:
+    """Ctrl-C: stop gracefully (the prompts in flight get `grace_s` to finish), saying so;
+    a second Ctrl-C exits at once. Safe: offsets are committed only after the outputs are
+    acknowledged, so whatever was in flight is redelivered, as after a kill."""
+    import os
+    import sys
+
+    interrupted = False
+
+    def on_interrupt() -> None:
+        nonlocal interrupted
+        if interrupted:
+            print("rollout: aborted; unfinished prompts are redelivered", file=sys.stderr)
+            os._exit(130)
+        interrupted = True
+        print(f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
+              "(Ctrl-C again to abort)", file=sys.stderr)  # fmt: skip
+        worker.stop()
+
+    return on_interrupt
 
 
 def _metrics(stage: str, args: argparse.Namespace) -> Any:

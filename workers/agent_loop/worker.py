@@ -287,8 +287,12 @@ class AgentLoopWorker:
             raise
         except RolloutError as exc:
             # Replicas unreachable past every retry: leave the offset unfinished so the prompt
-            # is redelivered after a restart, and stop rather than skip it.
-            log.error("prompt at %s[%d]@%d failed: %s", tp.topic, tp.partition, record.offset, exc)
+            # is redelivered after a restart, and stop rather than skip it. The rest in flight
+            # then fail alike: the first says why, the others are counted.
+            level = logging.DEBUG if self.counters["prompts_failed"] else logging.ERROR
+            log.log(
+                level, "prompt at %s[%d]@%d failed: %s", tp.topic, tp.partition, record.offset, exc
+            )
             self.counters["prompts_failed"] += 1
             self.stop()
         finally:
