@@ -104,6 +104,9 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.data import arithmetic_rows, write_rows
 
+    if Path(args.out).suffix not in (".jsonl", ".parquet"):
+        raise ConfigError(f"--out {args.out}: the name must end in .jsonl or .parquet")
+    _writable_dir(Path(args.out).parent, "--out")
     path = write_rows(
         arithmetic_rows(args.n, seed=args.seed, max_operand=args.max_operand), args.out
     )
@@ -117,9 +120,19 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.model_init import init_model
 
+    _writable_dir(Path(args.out), "--out")
     out = init_model(args.out, preset=args.preset, seed=args.seed, reward_model=args.reward_model)
     print(out)
     return 0
+
+
+def _writable_dir(path: Path, what: str) -> None:
+    """Create `path` (and its parents) now, so an output the user cannot write is one line
+    before the work, not an OSError traceback after it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create directory {path}: {exc.strerror or exc}") from exc
 
 
 def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
