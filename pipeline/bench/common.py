@@ -19,6 +19,9 @@ def bench_broker(kafka: KafkaConfig) -> Iterator[KafkaConfig]:
     in the config or ROLLOUT_KAFKA__BOOTSTRAP_SERVERS), else a local broker on a free port
     with a throw-away data directory, stopped afterwards."""
     if "bootstrap_servers" in kafka.model_fields_set:
+        from workers.kafka.clients import make_admin
+
+        make_admin(kafka).close()  # unreachable: one line now, not after the replicas started
         yield kafka
         return
     from pipeline.kafka_local import start_broker, stop_broker
