@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli_kafka import print_json
+from pipeline.cli_kafka import port, print_json
 from pipeline.config import ConfigError, RunConfig
 
 __all__ = ["add_stage_parsers", "checked_model_dir"]
@@ -235,13 +235,6 @@ def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"not a TCP port (1-65535): {text}")
-    return port
-
-
 def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
@@ -259,7 +252,7 @@ def add_stage_parsers(sub: Any) -> None:
     serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
     serve.add_argument("--model", required=True, help="Model directory.")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
     serve.add_argument("--replica-id")
     serve.add_argument(
         "--version", type=int, default=0, help="Policy version of the weights at start."
