@@ -43,7 +43,7 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     # Everything a user can get wrong is checked before the backend (torch, vLLM) imports.
     if args.backend == "hf" or Path(args.model).expanduser().exists():
-        # vLLM and SGLang also take a hub id, which is not a path here.
+        # vLLM also takes a hub id, which is not a path here.
         args.model = checked_model_dir(args.model, "--model")
     _require_free_port(args.host, args.port)
     if args.register:
@@ -246,10 +246,14 @@ def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
 
 
 def add_stage_parsers(sub: Any) -> None:
+    from workers.llm.replicas import BACKENDS  # names only: the package imports no backend
+
     replica = sub.add_parser("replica", help="Inference replicas.")
     rsub = replica.add_subparsers(dest="action", required=True)
     serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
-    serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
+    serve.add_argument(
+        "--backend", default="hf", choices=sorted(BACKENDS), help="hf (CPU) or vllm (GPUs)."
+    )
     serve.add_argument("--model", required=True, help="Model directory.")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port, default=8000)
