@@ -26,6 +26,7 @@ from workers.kafka.exceptions import MissingTopicsError
 
 __all__ = [
     "create_topics",
+    "creates_missing",
     "delete_topics",
     "describe_topics",
     "require_topics",
@@ -94,7 +95,7 @@ def require_topics(
     missing = missing_topics(kafka, [topics.name(role) for role in roles])
     if not missing:
         return {}
-    if create and _may_create(kafka, topics):
+    if create and creates_missing(kafka, topics):
         return create_topics(kafka, topics)
     why = "" if not create else f" (topics.create_missing={topics.create_missing})"
     raise MissingTopicsError(
@@ -104,7 +105,8 @@ def require_topics(
     )
 
 
-def _may_create(kafka: KafkaConfig, topics: TopicsConfig) -> bool:
+def creates_missing(kafka: KafkaConfig, topics: TopicsConfig) -> bool:
+    """Whether `require_topics` may create missing topics on this cluster."""
     if topics.create_missing == "local":
         return all(_is_loopback(server.rpartition(":")[0]) for server in kafka.bootstrap_servers)
     return topics.create_missing == "always"
