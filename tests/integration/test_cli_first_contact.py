@@ -272,6 +272,16 @@ def test_bad_config_values_name_the_field(tmp_path) -> None:
     assert_one_line(run, 2, "does not exist", bound_s=10)
 
 
+def test_bad_chaos_arguments_are_refused_before_it_starts() -> None:
+    run = rollout("chaos", "--fault", "bogus")
+    assert_one_line(run, 2, "bad fault 'bogus'", bound_s=10)
+    no_broker = f"127.0.0.1:{free_port()}"
+    run = rollout("chaos", "--bootstrap-existing", no_broker, "--fault", "broker")
+    assert_one_line(run, 2, "not with --bootstrap-existing", bound_s=10)
+    run = rollout("chaos", "--bootstrap-existing", no_broker)  # before the model is built
+    assert_one_line(run, 1, f"cannot reach Kafka at {no_broker}")
+
+
 # --- Ctrl-C in the middle of a run --------------------------------------------------
 
 
