@@ -14,14 +14,16 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.bench.cli import add_bench_parsers
 from pipeline.chaos.__main__ import add_arguments as add_chaos_arguments
 from pipeline.cli_kafka import add_kafka_parsers, print_json
-from pipeline.cli_stages import add_stage_parsers
+from pipeline.cli_stages import add_stage_parsers, checked_model_dir
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from pipeline.load.cli import add_load_parser
 from schemas.errors import RolloutError
+from workers.kafka.client_logs import route_client_logs
 
 __all__ = ["build_parser", "main"]
 
@@ -39,11 +41,16 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.datasets import read_rows
     from pipeline.producer import PromptProducer
+    from pipeline.topics import require_topics
 
+    rows = read_rows(args.dataset)  # a wrong path or format fails here, before Kafka
+    for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
+        print(f"{name}\t{outcome}", file=sys.stderr)
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        report = producer.produce_file(
-            args.dataset,
+        report = producer.produce_rows(
+            rows,
             uid_prefix=args.uid_prefix or Path(args.dataset).stem,
             default_data_source=cfg.produce.default_data_source,
             limit=args.limit,
@@ -52,19 +59,33 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
         )
     for error in report.errors[:20]:
         print(f"skipped {error}", file=sys.stderr)
+    if len(report.errors) > 20:
+        print(f"… and {len(report.errors) - 20} more", file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     print_json(
         {"sent": report.sent, "skipped": report.skipped, "seconds": round(report.seconds, 3)}
     )
+    if report.sent == 0 and args.limit != 0:
+        what = "no valid row" if report.skipped else "no rows"
+        print(f"rollout: error: nothing produced: {args.dataset} has {what}", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
     import time
 
+    from workers.kafka.admin import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
     from workers.kafka.stream import EventStream
 
     topic = cfg.topics.name(args.topic) if args.topic in cfg.topics.ROLES else args.topic
+    if missing_topics(cfg.kafka, [topic]):
+        raise MissingTopicsError(
+            f"topic {topic} not found at {cfg.kafka.bootstrap}; `rollout topics create` "
+            "creates the run's topics, `rollout produce` fills rl.prompts",
+            topics=[topic],
+        )
     seen = 0
     deadline = time.monotonic() + args.timeout
     with EventStream(
@@ -83,6 +104,9 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.data import arithmetic_rows, write_rows
 
+    if Path(args.out).suffix not in (".jsonl", ".parquet"):
+        raise ConfigError(f"--out {args.out}: the name must end in .jsonl or .parquet")
+    _writable_dir(Path(args.out).parent, "--out")
     path = write_rows(
         arithmetic_rows(args.n, seed=args.seed, max_operand=args.max_operand), args.out
     )
@@ -96,9 +120,19 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.model_init import init_model
 
+    _writable_dir(Path(args.out), "--out")
     out = init_model(args.out, preset=args.preset, seed=args.seed, reward_model=args.reward_model)
     print(out)
     return 0
+
+
+def _writable_dir(path: Path, what: str) -> None:
+    """Create `path` (and its parents) now, so an output the user cannot write is one line
+    before the work, not an OSError traceback after it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create directory {path}: {exc.strerror or exc}") from exc
 
 
 def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -111,6 +145,9 @@ def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
         from rich.console import Console
 
         Console().print(render_status(status))
+    if not status["topics"]:
+        print(f"rollout: no {cfg.topics.prefix}* topics at {cfg.kafka.bootstrap} yet; "
+              "`rollout topics create` creates them", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -133,7 +170,7 @@ def cmd_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     model = args.model or cfg.trainer.model_dir or cfg.agent_loop.model
     if not model:
         raise ConfigError("--model (or trainer.model_dir) must name the model directory")
-    model = str(Path(model).resolve())
+    model = str(Path(checked_model_dir(model, "--model" if args.model else "model")).resolve())
     trainer = {"model_dir": cfg.trainer.model_dir or model}
     if args.steps is not None:
         trainer["max_steps"] = args.steps
@@ -164,6 +201,21 @@ def cmd_down(args: argparse.Namespace, cfg: RunConfig) -> int:
 # --- parser --------------------------------------------------------------------------
 
 
+def _at_least(
+    low: float, kind: Callable[[str], Any], *, strict: bool = False
+) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)`, refused (one usage line) below `low`, or at it if strict."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}: {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollout", description="Streaming rollout pipeline for async off-policy RL on Kafka."
@@ -181,9 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_kafka_parsers(sub)
     produce = sub.add_parser("produce", help="Produce a verl-format dataset to the prompts topic.")
     produce.add_argument("--dataset", required=True, help=".parquet, .jsonl or .json")
-    produce.add_argument("--limit", type=int)
+    produce.add_argument("--limit", type=_at_least(0, int), help="Produce at most this many.")
     produce.add_argument(
-        "--rate", type=float, help="Prompts per second (default: as fast as possible)."
+        "--rate",
+        type=_at_least(0, float, strict=True),
+        help="Prompts per second (default: as fast as possible).",
     )
     produce.add_argument("--uid-prefix", help="Prefix of generated uids (default: file stem).")
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
@@ -285,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    route_client_logs(args.verbose)
+    cfg: RunConfig | None = None
     try:
         cfg = _config(args)
         handler: Handler = args.handler
@@ -295,12 +351,29 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutError as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)
         return 1
+    except _client_errors() as exc:
+        # A Kafka client's error that no command translated: still the user's broker or
+        # network, so one line, not a traceback.
+        where = f" at {cfg.kafka.bootstrap}" if cfg is not None else ""
+        print(f"rollout: error: Kafka{where}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print("rollout: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `rollout consume | head`: the reader left; not an error of ours.
         sys.stderr.close()
         return 0
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The error roots of the Kafka client libraries this run imported. Looked up only when
+    an error propagates, so the CLI itself imports neither (`--help` stays instant)."""
+    roots: list[type[BaseException]] = []
+    for module in ("kafka.errors", "aiokafka.errors"):
+        if module in sys.modules:
+            roots.append(sys.modules[module].KafkaError)
+    return tuple(roots)
 
 
 if __name__ == "__main__":

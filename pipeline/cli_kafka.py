@@ -10,11 +10,19 @@ from typing import Any
 
 from pipeline.config import RunConfig
 
-__all__ = ["add_kafka_parsers", "print_json"]
+__all__ = ["add_kafka_parsers", "port", "print_json"]
 
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data) + "\n")
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535 (a usage line, not a traceback, otherwise)."""
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port (1-65535): {text}")
+    return value
 
 
 # --- kafka ---------------------------------------------------------------------------
@@ -119,7 +127,7 @@ def add_kafka_parsers(sub: Any) -> None:
     up = ksub.add_parser(
         "up", help="Start (or reuse) the local broker; prints the bootstrap address."
     )
-    up.add_argument("--port", type=int)
+    up.add_argument("--port", type=port)
     up.add_argument("--data-dir")
     up.add_argument(
         "--secure", action="store_true", help="SASL_SSL (SCRAM-SHA-512 over TLS) with ACLs."
@@ -131,7 +139,7 @@ def add_kafka_parsers(sub: Any) -> None:
     creds = ksub.add_parser(
         "creds", help="Secure broker: a user's `kafka:` config (creating the user if new)."
     )
-    creds.add_argument("--port", type=int)
+    creds.add_argument("--port", type=port)
     creds.add_argument("--data-dir")
     creds.add_argument("--user", default="admin")
     creds.add_argument(
@@ -141,7 +149,7 @@ def add_kafka_parsers(sub: Any) -> None:
     )
     creds.set_defaults(handler=cmd_kafka_creds)
     grant = ksub.add_parser("grant", help="Secure broker: allow a user topics and a group.")
-    grant.add_argument("--port", type=int)
+    grant.add_argument("--port", type=port)
     grant.add_argument("--data-dir")
     grant.add_argument("--user", required=True)
     grant.add_argument(
@@ -157,11 +165,11 @@ def add_kafka_parsers(sub: Any) -> None:
     grant.add_argument("--prefixed", action="store_true", help="Names are prefixes.")
     grant.set_defaults(handler=cmd_kafka_grant)
     down = ksub.add_parser("down", help="Stop the broker started by `up`.")
-    down.add_argument("--port", type=int)
+    down.add_argument("--port", type=port)
     down.add_argument("--purge", action="store_true", help="Delete its data directory too.")
     down.set_defaults(handler=cmd_kafka_down)
     status = ksub.add_parser("status", help="Is the local broker answering?")
-    status.add_argument("--port", type=int)
+    status.add_argument("--port", type=port)
     status.set_defaults(handler=cmd_kafka_status)
 
     topics = sub.add_parser("topics", help="Create, describe or delete the pipeline's topics.")

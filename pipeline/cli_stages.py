@@ -5,12 +5,33 @@ stage (and torch) only when it runs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from pipeline.cli_kafka import print_json
+from pipeline.cli_kafka import port, print_json
 from pipeline.config import ConfigError, RunConfig
 
-__all__ = ["add_stage_parsers"]
+__all__ = ["add_stage_parsers", "checked_model_dir"]
+
+
+def checked_model_dir(path: str, what: str) -> str:
+    """`path` if it is a model or tokenizer directory; else `ConfigError` naming `what` (the
+    flag or field) and the command that writes one. Checked before any stage starts, so a
+    typo is one line, not a transformers traceback after the imports."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        why = "is not a directory" if directory.exists() else "does not exist"
+    elif not any((directory / name).is_file() for name in _MODEL_FILES):
+        why = f"holds no {' or '.join(_MODEL_FILES)}"
+    else:
+        return str(directory)
+    raise ConfigError(
+        f"{what}: model directory {path} {why} "
+        "(`rollout model init --out DIR` writes the project's tiny model)"
+    )
+
+
+_MODEL_FILES = ("config.json", "tokenizer_config.json")
 
 
 def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -20,6 +41,13 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.replicas import get_backend
     from workers.llm.replicas.registration import ReplicaRegistration
 
+    # Everything a user can get wrong is checked before the backend (torch, vLLM) imports.
+    if args.backend == "hf" or Path(args.model).expanduser().exists():
+        # vLLM also takes a hub id, which is not a path here.
+        args.model = checked_model_dir(args.model, "--model")
+    _require_free_port(args.host, args.port)
+    if args.register:
+        _require_topic(cfg, "replicas", "to register on")
     backend = get_backend(args.backend)
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
     advertised = (
@@ -50,6 +78,30 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     return int(result or 0)
 
 
+def _require_free_port(host: str, port: int) -> None:
+    """ConfigError if nothing can listen on host:port (in use, or no such address). A probe:
+    the port is free again at once, for the backend to bind; losing that race is rare."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _require_topic(cfg: RunConfig, role: str, why: str) -> None:
+    from workers.kafka.admin import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
+
+    if missing := missing_topics(cfg.kafka, [cfg.topics.name(role)]):
+        raise MissingTopicsError(
+            f"no topic {missing[0]} {why} (run `rollout topics create`)", topics=missing
+        )
+
+
 def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     import asyncio
     import signal
@@ -68,19 +120,27 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
     if not worker_cfg.model:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
+    checked_model_dir(worker_cfg.model, "--model" if args.model else "agent_loop.model")
     metrics = _metrics("agent-loop", args)
 
     async def main() -> int:
         from aiokafka.errors import KafkaError
 
+        from workers.kafka.exceptions import KafkaUnavailableError
+
         worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        loop.add_signal_handler(
+            signal.SIGINT, _interrupt_handler(worker, worker_cfg.grace_period_s)
+        )
         if early_stop.is_set():
             worker.stop()
         try:
             await worker.run()
+        except KafkaUnavailableError as exc:
+            print(f"rollout: error: {exc}", file=sys.stderr)
+            return 75
         except KafkaError as exc:
             # The broker is down or unreachable (at start, or a client gave up): nothing was
             # committed past what is done, so starting again later is the whole remedy.
@@ -88,9 +148,35 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
             return 75
         # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
         # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
-        return 75 if worker.counters["prompts_failed"] else 0
+        if failed := worker.counters["prompts_failed"]:
+            print(f"rollout: error: stopped after {failed} prompt(s) failed (logged above); "
+                  "they are redelivered when a worker starts again", file=sys.stderr)  # fmt: skip
+            return 75
+        return 0
 
     return asyncio.run(main())
+
+
+def _interrupt_handler(worker: Any, grace_s: float) -> Any:
+    """Ctrl-C: stop gracefully (the prompts in flight get `grace_s` to finish), saying so;
+    a second Ctrl-C exits at once. Safe: offsets are committed only after the outputs are
+    acknowledged, so whatever was in flight is redelivered, as after a kill."""
+    import os
+    import sys
+
+    interrupted = False
+
+    def on_interrupt() -> None:
+        nonlocal interrupted
+        if interrupted:
+            print("rollout: aborted; unfinished prompts are redelivered", file=sys.stderr)
+            os._exit(130)
+        interrupted = True
+        print(f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
+              "(Ctrl-C again to abort)", file=sys.stderr)  # fmt: skip
+        worker.stop()
+
+    return on_interrupt
 
 
 def _metrics(stage: str, args: argparse.Namespace) -> Any:
@@ -114,6 +200,9 @@ def _stop_event_on_signals() -> Any:
 
 def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.reward.worker import run_worker
+
+    if cfg.reward.tokenizer:
+        checked_model_dir(cfg.reward.tokenizer, "reward.tokenizer")
 
     return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
 
@@ -157,13 +246,17 @@ def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
 
 
 def add_stage_parsers(sub: Any) -> None:
+    from workers.llm.replicas import BACKENDS  # names only: the package imports no backend
+
     replica = sub.add_parser("replica", help="Inference replicas.")
     rsub = replica.add_subparsers(dest="action", required=True)
     serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
-    serve.add_argument("--backend", default="hf", help="hf (CPU), vllm, sglang")
+    serve.add_argument(
+        "--backend", default="hf", choices=sorted(BACKENDS), help="hf (CPU) or vllm (GPUs)."
+    )
     serve.add_argument("--model", required=True, help="Model directory.")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
     serve.add_argument("--replica-id")
     serve.add_argument(
         "--version", type=int, default=0, help="Policy version of the weights at start."

@@ -135,7 +135,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         path, sep, raw = pair.partition("=")
         if not sep or not path:
             raise ConfigError(f"--set expects key.path=value, got {pair!r}")
-        value = yaml.safe_load(raw) if raw else ""
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {pair!r}: not a YAML value: {_yaml_problem(exc)}") from exc
         node = out
         *parents, leaf = path.split(".")
         for part in parents:
@@ -157,7 +160,9 @@ def load_config(
         try:
             loaded = yaml.safe_load(Path(path).read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+            raise ConfigError(
+                f"config file {path} is not valid YAML: {_yaml_problem(exc)}"
+            ) from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top")
 
@@ -173,6 +178,16 @@ def load_config(
     return RunConfig.model_construct(
         **{name: getattr(run, name) for name in RunConfig.model_fields}
     )
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its str() is a drawing)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem is None:
+        return str(exc).splitlines()[0]
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def _describe(exc: ValidationError, path: str | Path | None) -> str:

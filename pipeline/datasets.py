@@ -37,42 +37,53 @@ class RowError(RolloutError):
 def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(row number from 0, row) for every row of a .parquet, .jsonl or .json file.
 
-    A JSONL line that is not JSON is yielded as a `RowError` value for the caller to count.
+    The file is opened (and a .json or parquet file's structure checked) now, so a wrong
+    path or format raises `DatasetError` before the caller connects to anything; the rows
+    are read as the iterator is consumed. A JSONL line that is not JSON is yielded as a
+    `RowError` value for the caller to count.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"dataset {path} is a directory, not a file")
     if not path.is_file():
         raise DatasetError(f"dataset {path} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        yield from _parquet_rows(path)
-    elif suffix in (".jsonl", ".ndjson"):
-        with path.open("rb") as fh:
-            for number, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line)
-                except ValueError as exc:
-                    yield number, RowError(number, f"not valid JSON: {exc}")
-    elif suffix == ".json":
+        return _parquet_rows(_open_parquet(path))
+    if suffix in (".jsonl", ".ndjson"):
+        return _jsonl_rows(path)
+    if suffix == ".json":
         try:
             data = json.loads(path.read_bytes())
         except ValueError as exc:
             raise DatasetError(f"{path} is not valid JSON: {exc}") from exc
         if not isinstance(data, list):
             raise DatasetError(f"{path} must hold a JSON list of rows")
-        yield from enumerate(data)
-    else:
-        raise DatasetError(f"unsupported dataset format {suffix!r} (use .parquet, .jsonl or .json)")
+        return enumerate(data)
+    raise DatasetError(f"unsupported dataset format {suffix!r} (use .parquet, .jsonl or .json)")
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open("rb") as fh:
+        for number, line in enumerate(fh):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except ValueError as exc:
+                yield number, RowError(number, f"not valid JSON: {exc}")
+
+
+def _open_parquet(path: Path) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        handle = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several unrelated types for bad files
         raise DatasetError(f"{path} is not a readable parquet file: {exc}") from exc
+
+
+def _parquet_rows(handle: Any) -> Iterator[tuple[int, Any]]:
     number = 0
     for batch in handle.iter_batches(batch_size=1024):
         for row in batch.to_pylist():

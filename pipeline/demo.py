@@ -2,7 +2,7 @@
 
 What it does, in order (each step's output lives under `reports/demo-<stamp>/`):
 
-1. Starts the local Kafka broker, unless `ROLLOUT_KAFKA__BOOTSTRAP_SERVERS` is set, and
+1. Starts the local Kafka broker, unless the run names one (`--bootstrap`, config, env), and
    creates the topics under a prefix of this run's own (`demo-<stamp>.`). While the broker
    starts, it builds the tiny policy model and gives it the short supervised warm start of
    `pipeline.demo_recipe` (the reward then starts well above 0 and well below 1).
@@ -23,7 +23,6 @@ how to replay any of them.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -163,6 +162,7 @@ def run_demo(
 
     from pipeline.kafka_local import start_broker, stop_broker
     from pipeline.topics import create_topics
+    from workers.kafka.clients import make_admin
 
     recipe = recipe or DemoRecipe()
     if steps is not None:
@@ -181,12 +181,16 @@ def run_demo(
     cancel = threading.Event()
     worker: threading.Thread | None = None
     try:
+        if "bootstrap_servers" in cfg.kafka.model_fields_set:
+            # A named broker that does not answer is one line now; the model work below
+            # cannot be cancelled halfway.
+            make_admin(cfg.kafka).close()
         worker = threading.Thread(
             target=prepare_model, args=(model_dir, recipe, prepared, cancel), daemon=True
         )
         worker.start()
         state = None
-        if "ROLLOUT_KAFKA__BOOTSTRAP_SERVERS" not in os.environ:
+        if "bootstrap_servers" not in cfg.kafka.model_fields_set:  # none named: our own
             # An interrupt inside start_broker would leave a JVM running that nobody stops:
             # hold it back until the broker's port is known, so `finally` can stop it.
             with _Deferred():

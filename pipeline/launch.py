@@ -31,11 +31,29 @@ from typing import Any
 import yaml
 
 from pipeline.config import RunConfig
+from schemas.errors import RolloutError
 from workers.llm.replicas.local import free_port
 
-__all__ = ["STAGES", "LocalPipeline", "StageProcess", "secret_env", "stage_plan"]
+__all__ = [
+    "STAGES",
+    "LocalPipeline",
+    "StageExitedError",
+    "StageProcess",
+    "secret_env",
+    "stage_plan",
+]
 
 log = logging.getLogger("rollout.launch")
+
+
+class StageExitedError(RolloutError):
+    """A stage of the local pipeline exited; the message ends with its log's last lines."""
+
+    def __init__(self, name: str, code: int, tail: str) -> None:
+        super().__init__(f"stage {name} exited with {code}:\n{tail}")
+        self.name = name
+        self.code = code
+
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("agent-loop", "reward", "replay", "train")
@@ -215,9 +233,7 @@ class LocalPipeline:
         """Raise if any stage died (with the end of its log)."""
         for stage in self.processes:
             if stage.proc is not None and stage.proc.poll() is not None:
-                raise RuntimeError(
-                    f"stage {stage.name} exited with {stage.proc.returncode}:\n{stage.tail()}"
-                )
+                raise StageExitedError(stage.name, stage.proc.returncode, stage.tail())
 
     def process(self, name: str) -> StageProcess:
         return next(p for p in self.processes if p.name == name)

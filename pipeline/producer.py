@@ -106,7 +106,7 @@ class PromptProducer:
             except RowError as exc:
                 report.skipped += 1
                 report.errors.append(str(exc))
-                log.warning("skipping %s", exc)
+                log.debug("skipping %s", exc)  # the report carries it; its reader shows it
                 continue
             if rate:
                 delay = started + report.sent / rate - time.monotonic()

@@ -3,20 +3,35 @@
 Creation is idempotent (an existing topic is left as it is and reported), and each topic gets
 its partitions, cleanup policy (compacted for `rl.policy` and `rl.replicas`), retention,
 `min.insync.replicas` and a `max.message.bytes` large enough for long trajectories.
+
+A command that needs topics asks `require_topics` first: a missing one is created with the
+rest of the run's topics where `topics.create_missing` allows it, else `MissingTopicsError`
+names `rollout topics create`. Either way the command never waits on a topic that will not
+come (kafka-python would retry its metadata for a minute, then time out).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.exceptions import MissingTopicsError
 
-__all__ = ["create_topics", "delete_topics", "describe_topics", "topic_configs"]
+__all__ = [
+    "create_topics",
+    "creates_missing",
+    "delete_topics",
+    "describe_topics",
+    "require_topics",
+    "topic_configs",
+]
 
 log = logging.getLogger("rollout.topics")
 
@@ -65,6 +80,41 @@ def create_topics(
         return outcome
     finally:
         admin.close()
+
+
+def require_topics(
+    kafka: KafkaConfig, topics: TopicsConfig, roles: Sequence[str], *, create: bool = True
+) -> dict[str, str]:
+    """Make sure the topics of `roles` exist before a command uses them.
+
+    If any is missing and `create` is true and `topics.create_missing` allows it on this
+    cluster, every topic of the run is created, as `rollout topics create` would; the result
+    is that command's (name → 'created' | 'exists'), empty when nothing was missing.
+    Otherwise `MissingTopicsError` names the missing topics and the command that creates them.
+    """
+    missing = missing_topics(kafka, [topics.name(role) for role in roles])
+    if not missing:
+        return {}
+    if create and creates_missing(kafka, topics):
+        return create_topics(kafka, topics)
+    why = "" if not create else f" (topics.create_missing={topics.create_missing})"
+    raise MissingTopicsError(
+        f"topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} not found at "
+        f"{kafka.bootstrap}{why}; `rollout topics create` creates the run's topics",
+        topics=missing,
+    )
+
+
+def creates_missing(kafka: KafkaConfig, topics: TopicsConfig) -> bool:
+    """Whether `require_topics` may create missing topics on this cluster."""
+    if topics.create_missing == "local":
+        return all(_is_loopback(server.rpartition(":")[0]) for server in kafka.bootstrap_servers)
+    return topics.create_missing == "always"
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def describe_topics(kafka: KafkaConfig, topics: TopicsConfig) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ def cmd_bench_router(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args)
     import tempfile
 
     from workers.llm.replicas.bench_engine import run
@@ -48,6 +49,7 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args)
     from workers.llm.bench_prefix import run
 
     result = run(
@@ -62,6 +64,7 @@ def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args, "tokenizer")
     from workers.reward.bench import run
 
     result = run(
@@ -73,6 +76,7 @@ def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_async(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args)
     from pipeline.bench.async_speedup import run
 
     result = run(
@@ -88,6 +92,7 @@ def cmd_bench_async(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args)
     from pipeline.bench.agent_loop import run
 
     _emit(run(cfg.kafka, prompts=args.prompts, rounds=args.rounds, model_dir=args.model), args.json)
@@ -95,6 +100,7 @@ def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_pipeline(args: argparse.Namespace, cfg: RunConfig) -> int:
+    _checked_model(args)
     from pipeline.bench.end_to_end import run
 
     result = run(
@@ -146,6 +152,15 @@ def cmd_bench_train_step(args: argparse.Namespace, cfg: RunConfig) -> int:
                  mini_batches=args.mini_batches, epochs=args.epochs, rounds=args.rounds)  # fmt: skip
     _emit(result, args.json)
     return 0
+
+
+def _checked_model(args: argparse.Namespace, flag: str = "model") -> None:
+    """A given --model (or --tokenizer) must be a model directory: one line now, not a
+    traceback from a stage's log after the pipeline started."""
+    from pipeline.cli_stages import checked_model_dir
+
+    if getattr(args, flag, None):
+        setattr(args, flag, checked_model_dir(getattr(args, flag), f"--{flag}"))
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:

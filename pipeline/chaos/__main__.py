@@ -8,8 +8,11 @@ import logging
 import signal
 import sys
 
-from pipeline.chaos.faults import DEFAULT_FAULTS
+from pipeline.chaos.faults import DEFAULT_FAULTS, parse_fault
 from pipeline.chaos.run import ChaosOptions, run_chaos
+from pipeline.config import ConfigError
+from schemas.errors import RolloutError
+from workers.kafka.client_logs import route_client_logs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,14 +35,51 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _faults(given: list[str] | None, *, existing: str | None) -> tuple[str, ...]:
+    """The run's faults, checked before anything starts (a bad one found by the schedule
+    minutes in was a traceback). A broker the run does not own is never restarted: the
+    default faults leave it out, and asking for it is refused."""
+    faults = tuple(given) if given else DEFAULT_FAULTS
+    for text in faults:
+        try:
+            parse_fault(text)
+        except ValueError as exc:
+            raise ConfigError(f"--fault: {exc}") from exc
+    if existing and "broker" in faults:
+        if given:
+            raise ConfigError(
+                "--fault broker restarts the run's own broker: not with --bootstrap-existing"
+            )
+        faults = tuple(f for f in faults if f != "broker")
+    return faults
+
+
+def _reachable(bootstrap: str) -> None:
+    """A broker the run is given answers now, before the model is built, or one line says so."""
+    from pydantic import ValidationError
+
+    from workers.kafka.clients import make_admin
+    from workers.kafka.config import KafkaConfig
+
+    try:
+        kafka = KafkaConfig(bootstrap_servers=bootstrap)
+    except ValidationError as exc:
+        raise ConfigError(f"--bootstrap-existing {bootstrap}: not host:port[,host:port]") from exc
+    make_admin(kafka).close()
+
+
 def main_with(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: every stage and the run's broker are stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
-    for noisy in ("kafka", "aiokafka"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A broker restart makes kafka-python warn of every retried request: the faults are meant,
+    # so its records show only with -v (the report accounts for every sample).
+    route_client_logs(getattr(args, "verbose", 0))
+    faults = _faults(args.faults, existing=args.existing)
+    if args.existing:
+        _reachable(args.existing)
     opts = ChaosOptions(
         samples=args.samples, n=args.n, agent_loop_workers=args.workers, replicas=args.replicas,
-        faults=tuple(args.faults) if args.faults else DEFAULT_FAULTS, seed=args.seed,
+        faults=faults, seed=args.seed,
         timeout_s=args.timeout, bootstrap=args.existing, run_dir=args.run_dir,
     )  # fmt: skip
     report = run_chaos(opts)
@@ -57,8 +97,13 @@ def main_with(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.chaos", description=__doc__)
     add_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="Kafka clients' logs.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    return main_with(parser.parse_args(argv))
+    try:
+        return main_with(parser.parse_args(argv))
+    except RolloutError as exc:
+        print(f"chaos: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 if __name__ == "__main__":

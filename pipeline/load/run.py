@@ -115,9 +115,11 @@ class _Soak:
     # --- phases -----------------------------------------------------------------------
 
     def _alive(self) -> bool:
+        from pipeline.launch import StageExitedError
+
         try:
             self.pipe.check()
-        except RuntimeError as exc:
+        except StageExitedError as exc:
             self.problems.append(str(exc).splitlines()[0])
             return False
         return True

@@ -22,5 +22,5 @@ def test_agent_loop_without_a_broker_exits_75_with_one_line(tiny_model: Path) ->
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 75, proc.stderr[-3000:]
-    assert f"rollout: error: Kafka at {bootstrap}:" in proc.stderr
+    assert f"rollout: error: cannot reach Kafka at {bootstrap}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -77,8 +77,9 @@ def test_bad_files(tmp_path) -> None:
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("kafka: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
         load_config(bad)
+    assert "\n" not in str(info.value) and "(line 2, column 1)" in str(info.value)
 
 
 def test_parse_overrides() -> None:
@@ -88,6 +89,8 @@ def test_parse_overrides() -> None:
     }
     with pytest.raises(ConfigError):
         parse_overrides(["novalue"])
+    with pytest.raises(ConfigError, match="not a YAML value"):
+        parse_overrides(["kafka.bootstrap_servers=[unclosed"])
 
 
 def test_security_settings_pass_through_and_secrets_stay_secret() -> None:

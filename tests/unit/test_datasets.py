@@ -82,3 +82,19 @@ def test_unreadable_files(tmp_path) -> None:
     bad.write_bytes(b"not parquet")
     with pytest.raises(DatasetError, match="parquet"):
         list(read_rows(bad))
+
+
+def test_a_wrong_path_or_format_fails_when_asked_not_when_read(tmp_path) -> None:
+    """`rollout produce` calls read_rows before it connects, so the file's errors come first."""
+    with pytest.raises(DatasetError, match="is a directory"):
+        read_rows(tmp_path)
+    with pytest.raises(DatasetError, match="does not exist"):
+        read_rows(tmp_path / "none.jsonl")
+    bad = tmp_path / "x.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match="parquet"):
+        read_rows(bad)
+    broken = tmp_path / "x.json"
+    broken.write_text("[1,")
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        read_rows(broken)

@@ -53,6 +53,7 @@ from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
+from workers.kafka.admin import missing_topics
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import KafkaUnavailableError
 from workers.llm.exceptions import BadRequestError
@@ -121,15 +122,18 @@ class AgentLoopWorker:
     # --- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._setup()
-        assert self.consumer is not None and self.producer is not None
         try:
+            await self._setup()
             await self._consume()
-        finally:
+        finally:  # after a failed setup too: what it started is closed, not left to the GC
             await self._shutdown()
 
     async def _setup(self) -> None:
         cfg = self.config
+        if missing := missing_topics(
+            self.kafka, [self.topics.name(r) for r in ("prompts", "turns")]
+        ):
+            raise AgentLoopError(f"no topic {', '.join(missing)} (run `rollout topics create`)")
         conn = self.kafka.aiokafka_kwargs()
         tail = f"{self.kafka.client_id}-{STAGE}-tail"
         if self.tokenizer is None:
@@ -303,8 +307,12 @@ class AgentLoopWorker:
             raise
         except RolloutError as exc:
             # Replicas unreachable past every retry: leave the offset unfinished so the prompt
-            # is redelivered after a restart, and stop rather than skip it.
-            log.error("prompt at %s[%d]@%d failed: %s", tp.topic, tp.partition, record.offset, exc)
+            # is redelivered after a restart, and stop rather than skip it. The rest in flight
+            # then fail alike: the first says why, the others are counted.
+            level = logging.DEBUG if self.counters["prompts_failed"] else logging.ERROR
+            log.log(
+                level, "prompt at %s[%d]@%d failed: %s", tp.topic, tp.partition, record.offset, exc
+            )
             self.counters["prompts_failed"] += 1
             self.stop()
         finally:

@@ -1,4 +1,5 @@
-"""What a stage asks the broker before it starts: a topic's partition count, its changelog topic.
+"""What a stage asks the broker before it starts: missing topics, a topic's partition count,
+its changelog topic.
 
 `ensure_changelog(kafka, topics, name, partitions)` creates a stage's compacted changelog
 topic with as many partitions as its source topic (a key's state lives on the changelog
@@ -9,6 +10,7 @@ state in it would no longer line up with the source partitions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -17,9 +19,19 @@ from schemas.errors import RolloutError
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["ensure_changelog", "topic_partitions"]
+__all__ = ["ensure_changelog", "missing_topics", "topic_partitions"]
 
 log = logging.getLogger("rollout.kafka.admin")
+
+
+def missing_topics(kafka: KafkaConfig, names: Sequence[str]) -> list[str]:
+    """Those of `names` that the cluster does not have (one metadata request)."""
+    admin = make_admin(kafka)
+    try:
+        present = set(admin.list_topics())
+    finally:
+        admin.close()
+    return [name for name in names if name not in present]
 
 
 def topic_partitions(kafka: KafkaConfig, topic: str) -> int | None:

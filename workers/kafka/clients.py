@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.serializer import DefaultSerializer
 
 from workers.kafka.config import KafkaConfig
@@ -41,9 +41,7 @@ def make_producer(
     try:
         return KafkaProducer(**kwargs)
     except KafkaError as exc:
-        raise KafkaUnavailableError(
-            f"cannot create producer for {config.bootstrap}: {exc}"
-        ) from exc
+        raise _unavailable(config, "producer", exc) from exc
 
 
 def make_consumer(
@@ -68,9 +66,7 @@ def make_consumer(
     try:
         return KafkaConsumer(*topics, **kwargs)
     except KafkaError as exc:
-        raise KafkaUnavailableError(
-            f"cannot create consumer for {config.bootstrap}: {exc}"
-        ) from exc
+        raise _unavailable(config, "consumer", exc) from exc
 
 
 def make_admin(config: KafkaConfig, **overrides: Any) -> KafkaAdminClient:
@@ -79,4 +75,16 @@ def make_admin(config: KafkaConfig, **overrides: Any) -> KafkaAdminClient:
     try:
         return KafkaAdminClient(**kwargs)
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {config.bootstrap}: {exc}") from exc
+        raise _unavailable(config, "admin client", exc) from exc
+
+
+def _unavailable(config: KafkaConfig, client: str, exc: KafkaError) -> KafkaUnavailableError:
+    """One line that names the address, the wait and what to do about it."""
+    if isinstance(exc, KafkaTimeoutError):
+        waited = config.bootstrap_timeout_ms / 1000
+        return KafkaUnavailableError(
+            f"cannot reach Kafka at {config.bootstrap} (no answer in {waited:g} s, "
+            "kafka.bootstrap_timeout_ms); is a broker running there? "
+            "`rollout kafka up` starts a local one"
+        )
+    return KafkaUnavailableError(f"cannot start a {client} for Kafka at {config.bootstrap}: {exc}")

@@ -49,6 +49,11 @@ class KafkaConfig(BaseModel):
     request_timeout_ms: int = Field(
         default=30_000, ge=1_000, description="How long a client waits for a broker's answer."
     )
+    bootstrap_timeout_ms: int = Field(
+        default=5_000,
+        ge=100,
+        description="How long a new client tries to reach a broker before it gives up.",
+    )
     max_request_size: int = Field(
         default=16 * 1024 * 1024, ge=1024 * 1024, description="Largest message a producer sends."
     )
@@ -90,6 +95,9 @@ class KafkaConfig(BaseModel):
             "bootstrap_servers": list(self.bootstrap_servers),
             "security_protocol": self.security_protocol,
             "request_timeout_ms": self.request_timeout_ms,
+            # Only a client's first connection waits this long; later reconnects (a broker
+            # restart under a running stage) retry without a deadline.
+            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
         }
         if self.security_protocol.startswith("SASL"):
             kwargs["sasl_mechanism"] = self.sasl_mechanism
@@ -176,6 +184,14 @@ class TopicsConfig(BaseModel):
         default=16 * 1024 * 1024,
         ge=1024 * 1024,
         description="Largest message a topic accepts; long trajectories need MiBs.",
+    )
+    create_missing: Literal["local", "always", "never"] = Field(
+        default="local",
+        description=(
+            "When `rollout produce` finds the run's topics missing: create them as `rollout "
+            "topics create` would (always, or local: only on a broker at localhost), or fail "
+            "naming that command (never)."
+        ),
     )
     prompts: TopicSpec = _spec()
     turns: TopicSpec = _spec()

@@ -3,6 +3,7 @@
 RolloutError
 └── KafkaPlumbingError
     ├── KafkaUnavailableError     the cluster cannot be reached (retryable)
+    ├── MissingTopicsError        topics a command needs do not exist (and may not be created)
     └── DeliveryError             the broker did not acknowledge an output
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from schemas.errors import RolloutError
 
-__all__ = ["DeliveryError", "KafkaPlumbingError", "KafkaUnavailableError"]
+__all__ = ["DeliveryError", "KafkaPlumbingError", "KafkaUnavailableError", "MissingTopicsError"]
 
 
 class KafkaPlumbingError(RolloutError):
@@ -23,3 +24,11 @@ class KafkaUnavailableError(KafkaPlumbingError):
 
 class DeliveryError(KafkaPlumbingError):
     """The broker did not acknowledge a produced message."""
+
+
+class MissingTopicsError(KafkaPlumbingError):
+    """Topics a command needs are not on the cluster; `topics` names them."""
+
+    def __init__(self, message: str, *, topics: list[str]) -> None:
+        super().__init__(message)
+        self.topics = topics

@@ -48,6 +48,7 @@ from typing import Any
 
 from schemas.codec import encode, headers_for
 from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
+from workers.kafka.client_logs import route_client_logs
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 __all__ = ["run"]
@@ -378,8 +379,10 @@ if __name__ == "__main__":
     parser.add_argument("--trajectories", type=int, default=2000)
     parser.add_argument("--tokenizer")
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="Kafka clients' logs.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    route_client_logs(args.verbose)
     result = run(
         KafkaConfig(bootstrap_servers=args.bootstrap),
         trajectories=args.trajectories,

@@ -36,9 +36,11 @@ from kafka import TopicPartition
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import PolicyVersion
+from workers.kafka.admin import topic_partitions
 from workers.kafka.clients import make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import StageMetrics
+from workers.trainer.exceptions import TrainerError
 
 __all__ = ["ReplicaSync", "main", "run_controller"]
 
@@ -146,12 +148,17 @@ def run_controller(
     topic = topics.name("policy")
     metrics = metrics or StageMetrics("sync")
     metrics.watch(policy_version=lambda: sync.newest.version if sync.newest else 0)
+    if topic_partitions(kafka, topic) is None:
+        raise TrainerError(f"topic {topic} does not exist (run `rollout topics create`)")
     consumer = make_consumer(kafka, group_id=None, name="replica-sync")
     try:
+        # The topic exists; a consumer's metadata may still lag its creation by a moment.
         deadline = time.monotonic() + 30
         while not (parts := consumer.partitions_for_topic(topic)):
-            if time.monotonic() > deadline or stop_event.is_set():
-                raise RuntimeError(f"policy topic {topic} not found")
+            if stop_event.is_set():
+                return sync
+            if time.monotonic() > deadline:
+                raise TrainerError(f"no partitions of {topic} in the metadata after 30 s")
             time.sleep(0.2)
         assigned = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(assigned)

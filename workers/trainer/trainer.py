@@ -43,6 +43,7 @@ from kafka.errors import KafkaError
 
 from schemas.codec import encode, headers_for
 from schemas.events import PolicyVersion, TrainingGroup
+from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
@@ -56,7 +57,7 @@ from workers.trainer.checkpoint import (
 )
 from workers.trainer.config import TrainerConfig
 from workers.trainer.consumer import Item, TrajectoryConsumer
-from workers.trainer.exceptions import CheckpointError, PublishError
+from workers.trainer.exceptions import CheckpointError, PublishError, TrainerError
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
 from workers.trainer.metrics import StepLog, staleness_histogram
 
@@ -111,6 +112,11 @@ class Trainer:
         ckpt = load_latest(self.root)
         if ckpt is None and not self.config.model_dir:
             raise CheckpointError("no checkpoint in checkpoint_dir and no model_dir configured")
+        if ckpt is None and not (Path(self.config.model_dir) / "config.json").is_file():
+            raise CheckpointError(
+                f"no checkpoint in {self.root}, and model_dir {self.config.model_dir} is not a "
+                "model directory (no config.json; `rollout model init --out DIR` writes one)"
+            )
         self.source = ckpt.path if ckpt is not None else Path(self.config.model_dir)
         self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
         self.device = resolve_device(self.config.device)
@@ -148,6 +154,10 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------
 
     def run(self) -> TrainerResult:
+        # Before the model loads (seconds to minutes): a missing topic is the user's to fix.
+        roles = ("replay", "policy", "stale", "dlq")
+        if missing := missing_topics(self.kafka, [self.topics.name(role) for role in roles]):
+            raise TrainerError(f"no topic {', '.join(missing)} (run `rollout topics create`)")
         self._load()
         self.metrics.watch(policy_version=lambda: self.state.version)
         result = TrainerResult(version=self.state.version, steps=0)

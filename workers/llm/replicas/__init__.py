@@ -2,7 +2,6 @@
 
     hf       transformers on CPU (`workers.llm.replicas.hf`): development, tests, demo
     vllm     vLLM on GPUs (`workers.llm.replicas.vllm`)
-    sglang   SGLang on GPUs (`workers.llm.replicas.sglang`)
 
 Importing this package imports no backend, no torch and no aiohttp: `get_backend(name)`
 imports the backend's module on first use, and a backend whose module or libraries are
@@ -22,7 +21,6 @@ __all__ = ["BACKENDS", "available_backends", "get_backend"]
 
 BACKENDS: dict[str, str] = {
     "hf": "workers.llm.replicas.hf",
-    "sglang": "workers.llm.replicas.sglang",
     "vllm": "workers.llm.replicas.vllm",
 }
 

@@ -14,7 +14,10 @@ import threading
 import time
 import urllib.request
 
+from kafka.errors import KafkaError
+
 from schemas.codec import encode, headers_for
+from schemas.errors import RolloutError
 from schemas.events import ReplicaInfo
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig
@@ -54,7 +57,13 @@ class ReplicaRegistration:
         deadline = time.monotonic() + timeout_s
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self._healthy():
-                self.publish(self.info)
+                try:
+                    self.publish(self.info)
+                except (KafkaError, RolloutError) as exc:
+                    # The replica serves on; only routers that discover replicas miss it.
+                    log.error("replica %s not registered on %s: %s", self.info.replica_id,
+                              self.topic, exc)  # fmt: skip
+                    return
                 self.registered.set()
                 log.info(
                     "registered replica %s at %s on %s",
