@@ -6,25 +6,28 @@ chosen here, offline and in one process, before anything touches Kafka:
 - Task: `arithmetic_rows(max_operand=3)` (a + b, a − b, a × b with a, b ≤ 3: 48 problems,
   answers −3…9), the gsm8k format (`#### answer`), scored by the strict gsm8k rule.
 - Warm start (`warm_start`): ~20-40 s of supervised fine-tuning of the freshly initialised
-  tiny model (400 steps at lr 3e-3), cross-entropy on the response tokens only, on targets of
+  tiny model (400 steps at lr 1e-3), cross-entropy on the response tokens only, on targets of
   two styles: 30% end in `#### n<|im_end|>` (4 tokens, what the strict scorer pays for), 70%
-  in `The answer is n.` (7 tokens, which it does not). The model then knows most answers but
-  often gives them in the unpaid format: sampled at temperature 1 the reward starts near
-  0.2-0.5, and GRPO groups have variance. (With 20% the start varied from 0.02 to 0.3 by
-  seed, and the runs that started near 0 had too few paid samples to learn from.) RL learns the paid format (a choice shared by every
-  prompt, learned in tens of steps) and sharpens the answers, to 0.8-0.95.
+  in `The answer is n.` (7 tokens, which it does not). The model then knows the table (99%
+  of its answers right in either format, sampled at temperature 1, for every seed tried) but
+  mostly gives them in the unpaid format: the strict reward starts near 0.2-0.3, and GRPO
+  groups have variance. RL learns the paid format (a choice shared by every prompt) and keeps
+  the answers right, to 0.9 and above. At lr 3e-3 some initialisations never learned the
+  table (seeds 5-7: 15-20% right after 400 steps, and still after 1000), so their runs
+  started near 0.05 and gained too little to count as learning.
 - RL: GRPO, n = 8 samples per prompt, 8 groups per step, responses ≤ 8 tokens, lr 5e-4, two
   PPO mini-batches per step (the second update is clipped against the policy before the
   step), KL 0.05 (k3) to the warm-started model, entropy bonus 0.01, and DAPO's overlong
   buffer over the last 3 tokens of the budget (penalty 1 at the budget).
 
   Why each: the old recipe (lr 1e-3, one update, no KL, no length shaping, 200 SFT steps at
-  30% format) learned in 2 of 5 demo runs; the others drifted into responses that never end
+  lr 3e-3) learned in 2 of 5 demo runs; the others drifted into responses that never end
   (every sample cut at 8 tokens, reward 0, every advantage 0: an absorbing state) or into a
   deterministic policy stuck at its first answers. Measured with `rollout bench learn`
   (3 seeds each, staleness 2): without the KL term (0.02) one run of three collapsed after
   reaching 0.9; without the entropy bonus the entropy fell to 0.02 and the reward stalled;
-  with the 200-step warm start the reward plateaued near 0.5 and +0.2 was a coin toss; the
+  with the old warm start (200 steps at 3e-3) the reward plateaued near 0.5, since many
+  answers were wrong, and +0.2 was a coin toss; the
   overlong penalty at 0.5 still paid a truncated `#### n …` more than a wrong answer.
 
 `python -m pipeline.demo_recipe` runs the whole recipe and prints the reward curve.
@@ -58,7 +61,7 @@ class DemoRecipe:
     max_operand: int = 3
     sft_steps: int = 400
     sft_batch: int = 32
-    sft_lr: float = 3e-3
+    sft_lr: float = 1e-3
     sft_format_frac: float = 0.3
     n: int = 8
     train_batch_size: int = 8
@@ -170,7 +173,7 @@ def warm_start(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 20 == 0 or step == steps - 1:
+        if step % 100 == 0 or step == steps - 1:
             log.info("warm start step %d/%d: loss %.3f", step + 1, steps, loss.item())
     model.eval()
     model.save_pretrained(str(model_dir), safe_serialization=True)
@@ -210,15 +213,22 @@ def _generate(
 
 
 def evaluate(
-    model: Any, tokenizer: Any, rows: list[dict[str, Any]], *, samples: int = 4, max_tokens: int = 8
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    *,
+    samples: int = 4,
+    max_tokens: int = 8,
+    method: str = "strict",
 ) -> float:
-    """Mean strict gsm8k reward of `samples` answers per row at temperature 1."""
+    """Mean gsm8k reward (`method`: strict or flexible) of `samples` answers per row at
+    temperature 1."""
     from workers.reward.scorers.gsm8k import gsm8k_score
 
     prompts = [_prompt_ids(tokenizer, r) for r in rows for _ in range(samples)]
     truths = [r["reward_model"]["ground_truth"] for r in rows for _ in range(samples)]
     _, texts = _generate(model, tokenizer, prompts, max_tokens)
-    scores = [gsm8k_score(t, g) for t, g in zip(texts, truths, strict=True)]
+    scores = [gsm8k_score(t, g, method=method) for t, g in zip(texts, truths, strict=True)]
     return sum(scores) / len(scores)
 
 
