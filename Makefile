@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit lint demo chaos load clean kafka-up kafka-down
+.PHONY: install test test-unit lint demo chaos load clean kafka-up kafka-down vllm
 
 install: $(STAMP)
 
@@ -52,6 +52,13 @@ kafka-up: install
 
 kafka-down: install
 	$(ROLLOUT) kafka down
+
+# vLLM for CPUs in its own venv (.venv-vllm): pinned by infra/vllm/requirements-cpu.txt, built
+# by infra/vllm/install.sh (a no-op when its stamp is current). `rollout replica serve --backend
+# vllm` finds it by itself.
+VLLM_VENV ?= .venv-vllm
+vllm:
+	infra/vllm/install.sh $(VLLM_VENV)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
