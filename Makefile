@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit lint demo chaos load clean kafka-up kafka-down vllm
+.PHONY: install test test-unit test-vllm lint demo chaos load clean kafka-up kafka-down vllm
 
 install: $(STAMP)
 
@@ -60,5 +60,10 @@ VLLM_VENV ?= .venv-vllm
 vllm:
 	infra/vllm/install.sh $(VLLM_VENV)
 
+# Tests marked `vllm` (left out of `make test`): real vLLM replicas on CPU, started through
+# `rollout replica serve --backend vllm`. Builds .venv-vllm first when it is missing or stale.
+test-vllm: install vllm
+	$(PY) -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

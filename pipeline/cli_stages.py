@@ -43,7 +43,9 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     else:
         extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
     if args.backend == "vllm":
-        extra.update(dtype=args.dtype, max_model_len=args.max_model_len)
+        extra.update(
+            dtype=args.dtype, max_model_len=args.max_model_len, extra_args=tuple(args.vllm_arg)
+        )
         extra["python"] = args.vllm_python or cfg.vllm.python
     try:
         result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
@@ -183,6 +185,13 @@ def add_stage_parsers(sub: Any) -> None:
     )
     serve.add_argument("--max-model-len", type=int, help="Context length cap (vllm).")
     serve.add_argument("--dtype", default="auto", help="Weights dtype, e.g. float32 (vllm).")
+    serve.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more `vllm serve` argument, verbatim (repeat; --vllm-arg=-O0).",
+    )
     serve.set_defaults(handler=cmd_replica_serve)
 
     sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
