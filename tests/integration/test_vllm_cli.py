@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -49,3 +51,55 @@ def test_a_wrong_vllm_interpreter_is_one_line(
     (line,) = err.strip().splitlines()
     assert line.startswith("rollout: error: replica backend 'vllm' unavailable: ")
     assert expected in err and "Traceback" not in err
+
+
+def test_the_vllm_child_dies_with_a_killed_adapter(tmp_path: Path) -> None:
+    """SIGKILL of the replica process (no chance to clean up) still stops its vLLM server.
+
+    The child is a stand-in `vllm` package that records its pid and sleeps (no real vLLM is
+    needed to check the process lifecycle); the launcher starts it exactly as it starts vLLM.
+    """
+    import signal
+    import time
+
+    fake = tmp_path / "fake"
+    cli = fake / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for pkg in (fake / "vllm", fake / "vllm" / "entrypoints", cli):
+        (pkg / "__init__.py").write_text("")
+    pidfile = tmp_path / "child.pid"
+    (cli / "main.py").write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    cmd = [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm"]
+    adapter = subprocess.Popen(
+        [
+            *cmd,
+            "--model",
+            str(tmp_path),
+            "--port",
+            str(free_port()),
+            "--vllm-python",
+            sys.executable,
+        ],
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": f"{REPO}{os.pathsep}{fake}"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert time.monotonic() < deadline and adapter.poll() is None
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        adapter.kill()
+        adapter.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = Path(f"/proc/{child}").exists()
+        if alive:
+            os.kill(child, signal.SIGKILL)
+        assert not alive, "the vLLM child outlived its SIGKILLed adapter"
+    finally:
+        if adapter.poll() is None:
+            adapter.kill()

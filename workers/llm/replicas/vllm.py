@@ -9,7 +9,9 @@ Process model: this process runs the aiohttp adapter (`VLLMAdapter`) on `--port`
 health checks see 503 "starting" instead of a refused connection, then starts vLLM as a child in
 its own process group on a loopback port and waits for it to become healthy. It stops when it
 gets SIGTERM/SIGINT (it then terminates that group: SIGTERM, then SIGKILL after 30 s) or when
-vLLM exits (it exits with vLLM's status). Importing this module never imports `vllm`: only the
+vLLM exits (it exits with vLLM's status). Killed outright (SIGKILL), it cannot stop vLLM
+itself, so on Linux the child asks the kernel for SIGTERM when its parent dies
+(PR_SET_PDEATHSIG): no vLLM server outlives its adapter. Importing this module never imports `vllm`: only the
 child does, in the interpreter `--vllm-python` names (see `resolve_vllm_python`); one that does
 not exist or has no `vllm` raises `BackendUnavailableError` before anything starts.
 """
@@ -53,6 +55,7 @@ __all__ = [
 BACKEND = "vllm"
 logger = logging.getLogger("rollout.replica.vllm")
 _KILL_GRACE_S = 30.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -155,6 +158,21 @@ def serve(
     return asyncio.run(serve_async(config))
 
 
+def _dies_with(parent: int) -> Any:
+    """A preexec_fn: in the child, SIGTERM when `parent` dies (Linux; elsewhere a no-op)."""
+
+    def arm() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the request was armed
+            os._exit(1)
+
+    return arm
+
+
 def check_vllm_python(python: str) -> None:
     """Raise BackendUnavailableError unless `python` runs and can import `vllm`."""
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
@@ -194,7 +212,9 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         internal_port,
         " ".join(cmd),
     )
-    proc = await asyncio.create_subprocess_exec(*cmd, env=build_vllm_env(), start_new_session=True)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=build_vllm_env(), start_new_session=True, preexec_fn=_dies_with(os.getpid())
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
