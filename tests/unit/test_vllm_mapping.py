@@ -404,7 +404,15 @@ def test_the_worker_extension_imports_without_the_project_dependencies() -> None
 
 
 @pytest.mark.parametrize(
-    "arg", ["--port", "--tensor-parallel-size=2", "-tp", "--served-model-name"]
+    "arg",
+    [
+        "--port",
+        "--tensor-parallel-size=2",
+        "-tp",
+        "--served-model-name",
+        "--logprobs-mode=raw_logprobs",
+        "--worker-extension-cls",
+    ],
 )
 def test_managed_flags_cannot_be_overridden(arg: str) -> None:
     with pytest.raises(ValidationError, match="set by the replica launcher"):

@@ -22,8 +22,9 @@ builds it — else this interpreter). The child gets what the contract needs:
   token was sampled from (after temperature, top-k/top-p and penalties), which is the behaviour
   policy the trainer's importance weights correct against; vLLM's default, `raw_logprobs`, is
   the model's distribution before temperature.
-Flags the adapter depends on (host, port, served name, parallel sizes) may not be overridden
-through the extra arguments; anything else is passed through verbatim.
+Flags the adapter depends on (host, port, served name, parallel sizes, the worker extension,
+the logprobs mode) may not be overridden through the extra arguments; anything else is passed
+through verbatim.
 """
 
 from __future__ import annotations
