@@ -33,8 +33,10 @@ lint: install
 	$(VENV)/bin/ruff check schemas pipeline workers tests
 	$(VENV)/bin/ruff format --check schemas pipeline workers tests
 
-demo: install
-	$(PY) -m pipeline.demo
+# BACKEND=vllm: the replicas are vLLM on the CPU (builds .venv-vllm first).
+BACKEND ?= hf
+demo: install $(if $(filter vllm,$(BACKEND)),vllm)
+	$(PY) -m pipeline.demo --backend $(BACKEND)
 
 # Soak: the whole pipeline at its highest sustained rate; exits non-zero on a dead process,
 # a dead letter, or memory growth of 20% or more from minute 2 to the end.
