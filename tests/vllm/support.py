@@ -4,7 +4,9 @@
   weights (versions 0..n-1); `tied=False` gives each its own `lm_head.weight` (unlike the
   embedding) and `tie_word_embeddings: false`, as a model with untied embeddings has.
 - `Replica`: `rollout replica serve --backend vllm` as a subprocess in its own process group,
-  stopped (SIGTERM, then SIGKILL) on exit; vLLM runs in .venv-vllm with one CPU thread.
+  stopped (SIGTERM, then SIGKILL) on exit; vLLM runs in .venv-vllm with one CPU thread and the
+  model's whole context (2048), so the contract's "long" generations (the context less the
+  prompt) outlast the half second its tests give them even when vLLM runs fast.
 - `reference_logprobs(model_dir, prompt, tokens, temperature)`: log-softmax of a transformers
   fp32 forward pass of the checkpoint at each position of `tokens` (the trainer's view).
 """
@@ -109,7 +111,7 @@ class Replica:
     """One `rollout replica serve --backend vllm` process, healthy inside the `with` block."""
 
     def __init__(
-        self, model: Path, port: int, log: Path, *extra: str, max_model_len: int = 1024
+        self, model: Path, port: int, log: Path, *extra: str, max_model_len: int = 2048
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
