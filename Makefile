@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit lint demo chaos load learn clean kafka-up kafka-down
+.PHONY: install test test-unit test-vllm lint demo chaos load learn clean kafka-up kafka-down vllm
 
 install: $(STAMP)
 
@@ -33,8 +33,10 @@ lint: install
 	$(VENV)/bin/ruff check schemas pipeline workers tests
 	$(VENV)/bin/ruff format --check schemas pipeline workers tests
 
-demo: install
-	$(PY) -m pipeline.demo
+# BACKEND=vllm: the replicas are vLLM on the CPU (builds .venv-vllm first).
+BACKEND ?= hf
+demo: install $(if $(filter vllm,$(BACKEND)),vllm)
+	$(PY) -m pipeline.demo --backend $(BACKEND)
 
 # Soak: the whole pipeline at its highest sustained rate; exits non-zero on a dead process,
 # a dead letter, or memory growth of 20% or more from minute 2 to the end.
@@ -60,5 +62,17 @@ kafka-up: install
 kafka-down: install
 	$(ROLLOUT) kafka down
 
+# vLLM for CPUs in its own venv (.venv-vllm): pinned by infra/vllm/requirements-cpu.txt, built
+# by infra/vllm/install.sh (a no-op when its stamp is current). `rollout replica serve --backend
+# vllm` finds it by itself.
+VLLM_VENV ?= .venv-vllm
+vllm:
+	infra/vllm/install.sh $(VLLM_VENV)
+
+# Tests marked `vllm` (left out of `make test`): real vLLM replicas on CPU, started through
+# `rollout replica serve --backend vllm`. Builds .venv-vllm first when it is missing or stale.
+test-vllm: install vllm
+	$(PY) -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -160,7 +160,7 @@ def cmd_chaos(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.demo import run_demo
 
-    run_demo(cfg, steps=args.steps, prompts=args.prompts)
+    run_demo(cfg, steps=args.steps, prompts=args.prompts, backend=args.backend)
     return 0
 
 
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=None, help="Trainer steps (default: recipe).")
     demo.add_argument(
         "--prompts", type=int, default=None, help="Prompts to produce (default: enough for steps)."
+    )
+    demo.add_argument(
+        "--backend", choices=["hf", "vllm"], default="hf", help="Replicas (vllm: .venv-vllm)."
     )
     demo.set_defaults(handler=cmd_demo)
 

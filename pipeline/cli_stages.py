@@ -70,6 +70,11 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         extra["threads"] = args.threads
     else:
         extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
+    if args.backend == "vllm":
+        extra.update(
+            dtype=args.dtype, max_model_len=args.max_model_len, extra_args=tuple(args.vllm_arg)
+        )
+        extra["python"] = args.vllm_python or cfg.vllm.python
     try:
         result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
     finally:
@@ -266,6 +271,20 @@ def add_stage_parsers(sub: Any) -> None:
     serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
     for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
         serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
+    serve.add_argument(
+        "--vllm-python",
+        metavar="PY",
+        help="Interpreter with vLLM (vllm.python; default .venv-vllm/bin/python if present).",
+    )
+    serve.add_argument("--max-model-len", type=int, help="Context length cap (vllm).")
+    serve.add_argument("--dtype", default="auto", help="Weights dtype, e.g. float32 (vllm).")
+    serve.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more `vllm serve` argument, verbatim (repeat; --vllm-arg=-O0).",
+    )
     serve.set_defaults(handler=cmd_replica_serve)
 
     sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")

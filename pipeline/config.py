@@ -26,6 +26,7 @@ from pydantic_settings import (
 from schemas.errors import RolloutError
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.llm.replicas.vllm_config import VLLMLaunchConfig
 from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
@@ -74,6 +75,7 @@ class RunConfig(BaseSettings):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    vllm: VLLMLaunchConfig = Field(default_factory=VLLMLaunchConfig)
 
     @model_validator(mode="after")
     def _stages_agree(self) -> RunConfig:

@@ -7,7 +7,9 @@ What it does, in order (each step's output lives under `reports/demo-<stamp>/`):
    starts, it builds the tiny policy model and gives it the short supervised warm start of
    `pipeline.demo_recipe` (the reward then starts well above 0 and well below 1).
 2. Produces a generated arithmetic dataset in gsm8k format (`#### answer`) to the prompts topic.
-3. Starts two `hf` replicas (each with its weight-sync controller), the agent-loop worker,
+3. Starts two replicas (`hf`, or `vllm` with `--backend vllm`: vLLM on the CPU from
+   .venv-vllm, fp32, weights synced through it the same way; each replica with its
+   weight-sync controller), the agent-loop worker,
    the reward worker, the replay stage and the trainer, every one its own process
    (`pipeline.launch.LocalPipeline`), and shows one live line per stage (`pipeline.demo_view`).
 4. Stops when the trainer has made `steps` steps (`trainer.max_steps`), or at the deadline.
@@ -23,6 +25,7 @@ how to replay any of them.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -41,6 +44,11 @@ MAX_STALENESS = 2
 DEADLINE_S = 540.0  # stop training in time for teardown and the report within 10 minutes
 
 
+# vLLM replicas: fp32 like the trainer, started without torch.compile (a faster start).
+VLLM_REPLICA_ARGS = ("--dtype", "float32", "--vllm-arg=--enforce-eager", "--vllm-arg=-O0")
+VLLM_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
 def demo_config(
     cfg: RunConfig,
     *,
@@ -49,6 +57,7 @@ def demo_config(
     run_dir: Path,
     recipe: DemoRecipe,
     max_staleness: int = MAX_STALENESS,
+    backend: str = "hf",
 ) -> RunConfig:
     """`cfg` (Kafka settings kept) with every stage configured for the demo's recipe."""
     data = cfg.model_dump()
@@ -59,7 +68,8 @@ def demo_config(
             "group_id": f"{prefix}agent-loop", "model": str(model_dir), "n": recipe.n,
             "max_samples_in_flight": 64, "commit_interval_s": 0.5,
             "sampling": {"max_tokens": recipe.max_tokens, "temperature": 1.0},
-            "llm": {"health_interval_s": 1.0},
+            # vLLM needs a minute or two to become healthy on a CPU; hf replicas seconds.
+            "llm": {"health_interval_s": 1.0, "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0},
             "admission": {"max_staleness": staleness, "train_batch_size": recipe.train_batch_size},
         },
         "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model_dir), "batch_within_s": 0.1,
@@ -156,6 +166,7 @@ def run_demo(
     prompts: int | None = None,
     out_root: str = "reports",
     recipe: DemoRecipe | None = None,
+    backend: str = "hf",
 ) -> Path:
     """Run the demo of the module docstring; returns the report directory."""
     from rich.console import Console
@@ -211,12 +222,15 @@ def run_demo(
             f"model {recipe.preset} + warm start ({recipe.sft_steps} SFT steps, "
             f"{prepared['warm_start_s']:.0f}s) in {model_dir}"
         )
-        cfg = demo_config(cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe)
+        cfg = demo_config(
+            cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe, backend=backend
+        )
         created = create_topics(cfg.kafka, cfg.topics)
         console.print(f"topics: {', '.join(created)}")
         sent = produce_prompts(cfg, out, recipe, prompts)
         console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
-        steps_done, launched = train_stages(cfg, run_dir, model_dir, recipe, console, started)
+        steps_done, launched = train_stages(cfg, run_dir, model_dir, recipe, console, started,
+                                            backend=backend)  # fmt: skip
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if worker is not None and worker.is_alive():
@@ -263,6 +277,7 @@ def train_stages(
     started: float,
     *,
     deadline_s: float = DEADLINE_S,
+    backend: str = "hf",
 ) -> tuple[list[dict[str, Any]], float]:
     """Every stage as a process, the live view (on `console`) until the trainer is done.
 
@@ -282,7 +297,16 @@ def train_stages(
     ]
     metrics = Path(cfg.trainer.metrics_path)
     launched = time.time()
-    with LocalPipeline(cfg, run_dir, model_dir=str(model_dir), replicas=2) as pipe:
+    vllm = backend == "vllm"
+    with LocalPipeline(
+        cfg,
+        run_dir,
+        model_dir=str(model_dir),
+        replicas=2,
+        backend=backend,
+        replica_args=VLLM_REPLICA_ARGS if vllm else (),
+        extra_env={k: os.environ.get(k, v) for k, v in VLLM_ENV_DEFAULTS.items()} if vllm else None,
+    ) as pipe:
         progress = Progress(cfg.kafka, specs, pipe.replica_urls, metrics)
         trainer = pipe.process("train")
         try:
@@ -344,11 +368,16 @@ def _report(
     print((out / "summary.txt").read_text(), end="")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.demo")
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)  # retries on fresh topics are routine
     try:
-        run_demo(load_config())
+        run_demo(load_config(), backend=args.backend)
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130

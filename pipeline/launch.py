@@ -180,8 +180,12 @@ class LocalPipeline:
         extra_env: dict[str, str] | None = None,
         agent_loop_workers: int = 1,
         metrics: bool = False,
+        backend: str = "hf",
+        replica_args: tuple[str, ...] = (),
     ) -> None:
         self.cfg = cfg
+        self.backend = backend
+        self.replica_args = replica_args  # appended to every `replica serve`
         self.run_dir = Path(run_dir)
         self.model_dir = model_dir
         self.replicas = replicas
@@ -210,6 +214,8 @@ class LocalPipeline:
             replica_threads=self.replica_threads,
             stages=self.stages,
             agent_loop_workers=self.agent_loop_workers,
+            backend=self.backend,
+            replica_args=self.replica_args,
         )
         if self.metrics:
             names = [name for name, _ in plan if not name.startswith("replica-")]

@@ -99,6 +99,18 @@ def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_vllm(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.vllm import run
+
+    result = run(
+        cfg.kafka, requests=args.requests, concurrency=args.concurrency,
+        max_tokens=args.max_tokens, rounds=args.rounds, model_dir=args.model,
+        vllm_python=args.vllm_python or cfg.vllm.python, log_dir=args.log_dir,
+    )  # fmt: skip
+    _emit(result, args.json)
+    return 0
+
+
 def cmd_bench_pipeline(args: argparse.Namespace, cfg: RunConfig) -> int:
     _checked_model(args)
     from pipeline.bench.end_to_end import run
@@ -222,6 +234,16 @@ def add_bench_parsers(sub: Any) -> None:
     agent_bench.add_argument("--model", help="Model directory (default: build the tiny model).")
     agent_bench.add_argument("--json", action="store_true")
     agent_bench.set_defaults(handler=cmd_bench_agent_loop)
+    vllm = bsub.add_parser("vllm", help="vLLM direct vs the contract vs Kafka; logprob drift.")
+    vllm.add_argument("--requests", type=int, default=32)
+    vllm.add_argument("--concurrency", type=int, default=8)
+    vllm.add_argument("--max-tokens", type=int, default=32)
+    vllm.add_argument("--rounds", type=int, default=2)
+    vllm.add_argument("--model", help="Model directory (default: build the tiny model).")
+    vllm.add_argument("--vllm-python", help="Interpreter with vLLM (default: .venv-vllm's).")
+    vllm.add_argument("--log-dir", help="Where the replica's log goes (default: a temp dir).")
+    vllm.add_argument("--json", action="store_true")
+    vllm.set_defaults(handler=cmd_bench_vllm)
     e2e = bsub.add_parser("pipeline", help="End-to-end trajectories/s, 1 and 2 agent-loop workers.")
     e2e.add_argument("--prompts", type=int, default=48)
     e2e.add_argument("--n", type=int, default=4, help="Samples per prompt.")

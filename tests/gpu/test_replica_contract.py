@@ -1,4 +1,9 @@
-"""The replica contract, checked against a live replica of any backend (run by infra/gpu_check.sh).
+"""The replica contract, checked against a live replica of any backend.
+
+Run by infra/gpu_check.sh (marker `gpu`, a replica it started), and on CPU by `make test-vllm`
+(tests/vllm/test_contract.py collects these same tests, marker `vllm`, against a real vLLM
+replica it starts). The replica's URL comes from the `replica_url` fixture: here the
+environment's, overridden by tests/vllm/conftest.py.
 
 Environment:
     ROLLOUT_REPLICA_URL           the replica, e.g. http://127.0.0.1:8100 (tests skip without it)
@@ -26,8 +31,12 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-URL = os.environ.get("ROLLOUT_REPLICA_URL", "").rstrip("/")
+URL = ""  # set by the `_replica` fixture
 PROMPT = [(7 * i + 3) % 500 + 10 for i in range(48)]  # 3 full 16-token KV blocks
+# vLLM caches full KV blocks only, and block sizes differ: 16 on GPUs, 128 by default on CPUs
+# (vllm/platforms/cpu.py), where a 48-token prompt fills none and never hits. 272 tokens fill
+# 17 blocks of 16 and 2 of 128.
+LONG_PROMPT = [(11 * i + 5) % 500 + 10 for i in range(272)]
 
 
 def call(method: str, path: str, body: Any = None, timeout: float = 120.0) -> tuple[int, Any]:
@@ -73,8 +82,15 @@ def start_long(pool: ThreadPoolExecutor, request_id: str) -> Future[dict[str, An
     return fut
 
 
+@pytest.fixture(scope="module")
+def replica_url() -> str:
+    return os.environ.get("ROLLOUT_REPLICA_URL", "").rstrip("/")
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _replica() -> None:
+def _replica(replica_url: str) -> None:
+    global URL
+    URL = replica_url
     if not URL:
         pytest.skip("ROLLOUT_REPLICA_URL is not set")
     deadline = time.monotonic() + 60
@@ -176,8 +192,8 @@ def _contract_metrics() -> dict[str, tuple[dict[str, str], float]]:
 
 
 def test_metrics_expose_prefix_cache_counters() -> None:
-    for _ in range(3):  # the same 48-token prompt: blocks 1..3 are hits after the first
-        complete(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for _ in range(3):  # the same prompt: its full blocks are hits after the first time
+        complete(prompt=LONG_PROMPT, max_tokens=2, temperature=0.0, ignore_eos=True)
     deadline = time.monotonic() + 10
     while True:
         m = _contract_metrics()

@@ -61,7 +61,7 @@ def vllm_response(token_ids: list[int], finish_reason: str) -> dict[str, Any]:
 class FakeVLLM:
     has_abort: bool = True
     has_pause: bool = True
-    new_reload_api: bool = True
+    has_extension: bool = True
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = running
     running: dict[str, asyncio.Event] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -137,9 +137,9 @@ class FakeVLLM:
     async def rpc(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls.append(("/collective_rpc", body))
-        if body.get("kwargs") and not self.new_reload_api:
-            return web.json_response({"error": "TypeError: unexpected keyword"}, status=500)
-        return web.json_response({"results": [None]})
+        if not self.has_extension:  # vLLM started without --worker-extension-cls
+            return web.json_response({"error": "AttributeError: no method"}, status=500)
+        return web.json_response({"results": [{"reprocessed": ["lm_head"], "parameters": 9}]})
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({})
@@ -248,11 +248,7 @@ async def test_pause_aborts_in_flight_and_holds_new_requests(rig: Rig, vllm_paus
     assert (await (await rig.client.get("/is_paused")).json()) == {"is_paused": False}
 
 
-@pytest.mark.parametrize("new_api", [True, False])
-async def test_update_weights_aborts_old_version_then_serves_new(
-    rig: Rig, tmp_path: Path, new_api: bool
-) -> None:
-    rig.fake.new_reload_api = new_api
+async def test_update_weights_aborts_old_version_then_serves_new(rig: Rig, tmp_path: Path) -> None:
     gen = asyncio.create_task(rig.complete(max_tokens=LONG, request_id="t4"))
     await rig.until(lambda: rig.fake.running)
     resp = await rig.client.post("/update_weights", json={"path": str(tmp_path), "version": 5})
@@ -264,14 +260,22 @@ async def test_update_weights_aborts_old_version_then_serves_new(
     _, body = await rig.complete(max_tokens=2)
     assert body["policy_version"] == 5
     rpcs = [c[1] for c in rig.fake.calls if c[0] == "/collective_rpc"]
-    if new_api:
-        assert rpcs == [{"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}]
-    else:
-        assert [r["method"] for r in rpcs] == ["reload_weights", "update_config", "reload_weights"]
-        assert rpcs[1]["args"] == [{"model_config": {"model": str(tmp_path)}}]
+    assert rpcs == [{"method": "rollout_load_weights", "kwargs": {"weights_path": str(tmp_path)}}]
     order = [c[0] for c in rig.fake.calls if c[0] != "/v1/completions"]
     assert order.index("/pause") < order.index("/collective_rpc")
     assert order.index("/reset_prefix_cache") < order.index("/resume")
+
+
+async def test_update_weights_without_the_extension_fails_and_says_so(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """No silent fallback to a bare reload_weights (stale head on tied models)."""
+    rig.fake.has_extension = False
+    resp = await rig.client.post("/update_weights", json={"path": str(tmp_path), "version": 5})
+    assert resp.status == 500 and "rollout_load_weights" in (await resp.json())["error"]["message"]
+    health = await rig.client.get("/health")
+    assert health.status == 503 and rig.adapter.version == 3
+    assert not rig.adapter.paused  # resumed: it serves the old weights, marked unhealthy
 
 
 async def test_update_weights_rejects_missing_checkpoint(rig: Rig, tmp_path: Path) -> None:

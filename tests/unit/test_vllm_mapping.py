@@ -27,6 +27,7 @@ from workers.llm.replicas.vllm_config import (
     build_vllm_command,
     build_vllm_env,
     has_tokenizer,
+    resolve_vllm_python,
 )
 from workers.llm.replicas.vllm_mapping import (
     VLLMMetrics,
@@ -350,6 +351,8 @@ def test_command_line_for_tp_dp_pp(tmp_path: Path) -> None:
     assert _flag(cmd, "--max-logprobs") == "1"
     assert "--enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert "--skip-tokenizer-init" not in cmd
+    assert _flag(cmd, "--worker-extension-cls") == "workers.llm.replicas.vllm_worker.WeightSync"
+    assert _flag(cmd, "--logprobs-mode") == "processed_logprobs"
     assert cmd[-2:] == ["--kv-cache-dtype", "fp8"]
 
 
@@ -365,13 +368,51 @@ def test_defaults_and_tokenizerless_model(tmp_path: Path) -> None:
     assert cfg.world_size == 1 and cfg.resolved_replica_id().endswith(":9000")
 
 
-def test_dev_mode_is_switched_on() -> None:
+def test_dev_mode_and_the_checkout_on_the_path() -> None:
+    root = str(Path(__file__).resolve().parents[2])
     env = build_vllm_env({"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1"}
+    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": root}
+    env = build_vllm_env({"PYTHONPATH": f"/x:{root}"})
+    assert env["PYTHONPATH"] == f"{root}:/x"
+
+
+def test_the_vllm_interpreter_is_configured_else_vllm_venv_else_this_one(tmp_path: Path) -> None:
+    assert resolve_vllm_python("/opt/vllm/bin/python") == "/opt/vllm/bin/python"
+    cfg = VLLMReplicaConfig(model=str(tmp_path), port=1, python="/opt/py")
+    assert build_vllm_command(cfg, internal_port=2)[0] == "/opt/py"
+    venv = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    assert resolve_vllm_python(None) == (str(venv) if venv.is_file() else sys.executable)
+
+
+def test_the_worker_extension_imports_without_the_project_dependencies() -> None:
+    """vLLM's workers import it in vLLM's venv, which has no orjson, kafka or schemas deps."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'orjson', 'kafka', 'schemas', 'pydantic', 'aiohttp'}:\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import workers.llm.replicas.vllm_worker as m\n"
+        "print(m.WeightSync.rollout_load_weights.__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2]
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "rollout_load_weights"
 
 
 @pytest.mark.parametrize(
-    "arg", ["--port", "--tensor-parallel-size=2", "-tp", "--served-model-name"]
+    "arg",
+    [
+        "--port",
+        "--tensor-parallel-size=2",
+        "-tp",
+        "--served-model-name",
+        "--logprobs-mode=raw_logprobs",
+        "--worker-extension-cls",
+    ],
 )
 def test_managed_flags_cannot_be_overridden(arg: str) -> None:
     with pytest.raises(ValidationError, match="set by the replica launcher"):

@@ -3,9 +3,11 @@
     hf       transformers on CPU (`workers.llm.replicas.hf`): development, tests, demo
     vllm     vLLM on GPUs (`workers.llm.replicas.vllm`)
 
-Importing this package imports no backend, no torch and no aiohttp: `get_backend(name)`
-imports the backend's module on first use, and a backend whose module or libraries are
-missing raises `BackendUnavailableError` only when asked for, never at import. Every backend
+Importing this package imports nothing at all (no backend, no torch, no aiohttp, not even
+`schemas`), so that a module of it can run where only its own imports are installed: vLLM's
+worker processes import `workers.llm.replicas.vllm_worker` in vLLM's environment.
+`get_backend(name)` imports the backend's module on first use, and a backend whose module or
+libraries are missing raises `BackendUnavailableError` only when asked for, never at import. Every backend
 module serves the HTTP contract of `workers.llm.contract` and exposes
 `serve(model_dir, host, port, replica_id, version, ...)`.
 """
@@ -14,8 +16,6 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-
-from workers.llm.replicas.exceptions import BackendUnavailableError
 
 __all__ = ["BACKENDS", "available_backends", "get_backend"]
 
@@ -27,6 +27,8 @@ BACKENDS: dict[str, str] = {
 
 def get_backend(name: str) -> ModuleType:
     """The backend module for `name`, imported now; BackendUnavailableError if it cannot be."""
+    from workers.llm.replicas.exceptions import BackendUnavailableError
+
     module = BACKENDS.get(name)
     if module is None:
         raise BackendUnavailableError(name, f"unknown backend; known: {sorted(BACKENDS)}")
@@ -38,6 +40,8 @@ def get_backend(name: str) -> ModuleType:
 
 def available_backends() -> list[str]:
     """Names whose modules import here (imports each one; not for hot paths)."""
+    from workers.llm.replicas.exceptions import BackendUnavailableError
+
     found = []
     for name in sorted(BACKENDS):
         try:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from workers.llm.contract import SamplingParams
 from workers.llm.replicas import weights
 from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
-from workers.llm.replicas.kv_batch import BatchKV, single_cache
+from workers.llm.replicas.kv_batch import BatchKV, cache_kwarg, single_cache
 from workers.llm.replicas.prefix_cache import KV, PrefixCache
 from workers.llm.replicas.sampling import sample_batch
 from workers.llm.replicas.sequence import EngineSequence, GenerationResult
@@ -97,6 +97,7 @@ class HFEngine:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self._geometry = (int(cfg.num_hidden_layers), heads, head_dim)
         self._batch = BatchKV(*self._geometry)
+        self._cache_kw = cache_kwarg(self.model)
         self._rows: list[EngineSequence] = []
         self._prefix = PrefixCache(self.config.prefix_cache_tokens)
         self._targets = weights.targets(self.model)
@@ -283,7 +284,7 @@ class HFEngine:
 
     def _warmup(self) -> None:
         cache = single_cache(None, *self._geometry, new=8)
-        self.model(input_ids=torch.zeros((1, 4), dtype=torch.long), past_key_values=cache)
+        self.model(input_ids=torch.zeros((1, 4), dtype=torch.long), **{self._cache_kw: cache})
 
     def _admit(self) -> None:
         with self._cv:
@@ -323,7 +324,7 @@ class HFEngine:
             input_ids=torch.tensor([seq.prompt[reuse:]]),
             attention_mask=torch.ones((1, n), dtype=torch.long),
             position_ids=torch.arange(reuse, n)[None, :],
-            past_key_values=cache,
+            **{self._cache_kw: cache},
             logits_to_keep=1,
         )
         self._append_rows([seq], out.logits[:, -1].float())
@@ -336,7 +337,7 @@ class HFEngine:
             input_ids=inputs,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._batch.cache(),
+            **{self._cache_kw: self._batch.cache()},
             logits_to_keep=1,
         )
         self._batch.advanced()

@@ -12,9 +12,15 @@ Invariants:
 - After `keep`, at least one row has no padding, so `length` is the longest row's length.
 - The buffers have spare capacity; a step writes its new column in place instead of
   concatenating, so a step costs O(rows), not O(rows × length), in copies.
+
+A cache goes into the model's forward under the name `cache_kwarg(model)` returns: `cache`
+where the model takes it (transformers >= 5.24, which deprecates `past_key_values` and will
+remove it in 5.40), else `past_key_values` (older releases).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from transformers import DynamicCache
@@ -22,8 +28,13 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from workers.llm.replicas.prefix_cache import KV
 
-__all__ = ["BatchKV", "SlabLayer", "StepCache", "single_cache"]
+__all__ = ["BatchKV", "SlabLayer", "StepCache", "cache_kwarg", "single_cache"]
 _HEADROOM = 128
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name of the forward argument that takes a KV cache in this transformers release."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class SlabLayer(DynamicLayer):

@@ -1,7 +1,7 @@
 """The `vllm` replica backend: launch `vllm serve` and serve the replica contract in front of it.
 
     python -m workers.llm.replicas.vllm --model DIR --port P [--tp N --dp N --pp N] \\
-        [--max-model-len L --gpu-memory-utilization F --enforce-eager ...] [-- vllm args]
+        [--vllm-python PY] [--max-model-len L --gpu-memory-utilization F ...] [-- vllm args]
 
 Arguments this parser does not know (or everything after a literal `--`) go to `vllm serve`.
 
@@ -9,8 +9,11 @@ Process model: this process runs the aiohttp adapter (`VLLMAdapter`) on `--port`
 health checks see 503 "starting" instead of a refused connection, then starts vLLM as a child in
 its own process group on a loopback port and waits for it to become healthy. It stops when it
 gets SIGTERM/SIGINT (it then terminates that group: SIGTERM, then SIGKILL after 30 s) or when
-vLLM exits (it exits with vLLM's status). Importing this module never imports `vllm`: only the
-child does.
+vLLM exits (it exits with vLLM's status). Killed outright (SIGKILL), it cannot stop vLLM
+itself, so on Linux the child asks the kernel for SIGTERM when its parent dies
+(PR_SET_PDEATHSIG): no vLLM server outlives its adapter. Importing this module never imports `vllm`: only the
+child does, in the interpreter `--vllm-python` names (see `resolve_vllm_python`); one that does
+not exist or has no `vllm` raises `BackendUnavailableError` before anything starts.
 """
 
 from __future__ import annotations
@@ -21,18 +24,21 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from workers.llm.replicas.exceptions import BackendUnavailableError
 from workers.llm.replicas.vllm_adapter import VLLMAdapter
 from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
     build_vllm_command,
     build_vllm_env,
     free_port,
+    resolve_vllm_python,
     split_argv,
 )
 
@@ -49,6 +55,7 @@ __all__ = [
 BACKEND = "vllm"
 logger = logging.getLogger("rollout.replica.vllm")
 _KILL_GRACE_S = 30.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -72,6 +79,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-logprobs", type=int, default=1)
     p.add_argument("--internal-port", type=int, default=None, help="vLLM's own port")
+    p.add_argument(
+        "--vllm-python", default=None, help="interpreter with vLLM (default: .venv-vllm's)"
+    )
     p.add_argument(
         "--version", "--initial-version", type=int, default=0, help="policy version of --model"
     )
@@ -101,6 +111,7 @@ def config_from_args(argv: Sequence[str]) -> tuple[VLLMReplicaConfig, str]:
         dtype=ns.dtype,
         max_logprobs=ns.max_logprobs,
         internal_port=ns.internal_port,
+        python=ns.vllm_python,
         initial_version=ns.version,
         startup_timeout_s=ns.startup_timeout,
         drain_timeout_s=ns.drain_timeout,
@@ -147,8 +158,38 @@ def serve(
     return asyncio.run(serve_async(config))
 
 
+def _dies_with(parent: int) -> Any:
+    """A preexec_fn: in the child, SIGTERM when `parent` dies (Linux; elsewhere a no-op)."""
+
+    def arm() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the request was armed
+            os._exit(1)
+
+    return arm
+
+
+def check_vllm_python(python: str) -> None:
+    """Raise BackendUnavailableError unless `python` runs and can import `vllm`."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendUnavailableError("vllm", f"cannot run {python}: {exc}") from exc
+    if done.returncode != 0:
+        raise BackendUnavailableError(
+            "vllm", f"{python} has no vllm module (build one with `make vllm`, or --vllm-python)"
+        )
+
+
 async def serve_async(config: VLLMReplicaConfig) -> int:
     """Run one replica until SIGTERM/SIGINT or until vLLM exits; returns the exit status."""
+    python = resolve_vllm_python(config.python)
+    check_vllm_python(python)
     internal_port = config.internal_port or free_port(config.internal_host)
     adapter = VLLMAdapter(
         upstream_url=f"http://{config.internal_host}:{internal_port}",
@@ -161,7 +202,7 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
     runner = web.AppRunner(adapter.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
-    cmd = build_vllm_command(config, internal_port=internal_port)
+    cmd = build_vllm_command(config, internal_port=internal_port, python=python)
     logger.info(
         "replica %s: adapter on %s:%d, starting vLLM (world size %d) on port %d: %s",
         adapter.replica_id,
@@ -171,7 +212,9 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         internal_port,
         " ".join(cmd),
     )
-    proc = await asyncio.create_subprocess_exec(*cmd, env=build_vllm_env(), start_new_session=True)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=build_vllm_env(), start_new_session=True, preexec_fn=_dies_with(os.getpid())
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

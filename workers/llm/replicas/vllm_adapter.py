@@ -276,16 +276,19 @@ class VLLMAdapter:
             try:
                 await self.pause()
                 started = time.monotonic()
-                await self.upstream.reload_weights(path)
+                reports = await self.upstream.reload_weights(path)
                 # KV computed by the old weights must never be reused by the new ones.
                 if await self.upstream.dev("/reset_prefix_cache") is None:
                     logger.warning("vLLM has no /reset_prefix_cache; relying on /pause to clear it")
                 self.version, self.weights_error = version, None
                 logger.info(
-                    "loaded weights version=%d from %s in %.1fs",
+                    "loaded weights version=%d from %s in %.1fs (%d workers; tied layers "
+                    "reprocessed: %s)",
                     version,
                     path,
                     time.monotonic() - started,
+                    len(reports),
+                    sorted({name for r in reports for name in r.get("reprocessed", [])}),
                 )
             except BaseException as exc:
                 self.weights_error = f"weight update to version {version} failed: {exc}"

@@ -2,8 +2,11 @@
 
 Pure: builds argument lists and environments, starts nothing and never imports `vllm`.
 
-The child is `python -m vllm.entrypoints.cli.main serve MODEL ...` (the `vllm serve` console
-script's module, so no PATH lookup) on an internal loopback port, with what the contract needs:
+The child is `PYTHON -m vllm.entrypoints.cli.main serve MODEL ...` (the `vllm serve` console
+script's module, so no PATH lookup) on an internal loopback port. PYTHON is the interpreter of
+the environment vLLM is installed in, which need not be this process's (`resolve_vllm_python`:
+the configured one, else `.venv-vllm/bin/python` of this checkout when it exists — `make vllm`
+builds it — else this interpreter). The child gets what the contract needs:
 - `--enable-prefix-caching`, so the prefix-cache counters mean something;
 - `--served-model-name`, `--seed`, `--max-logprobs` (the contract asks for 0: the sampled token);
 - `--tensor-parallel-size / --data-parallel-size / --pipeline-parallel-size`
@@ -11,9 +14,17 @@ script's module, so no PATH lookup) on an internal loopback port, with what the 
 - `VLLM_SERVER_DEV_MODE=1`, which mounts `/pause`, `/resume`, `/is_paused`, `/abort_requests`,
   `/reset_prefix_cache` and `/collective_rpc`;
 - `--skip-tokenizer-init` when the model directory has no tokenizer (token ids in and out need
-  none; the adapter asks for `return_tokens_as_token_ids`).
-Flags the adapter depends on (host, port, served name, parallel sizes) may not be overridden
-through the extra arguments; anything else is passed through verbatim.
+  none; the adapter asks for `return_tokens_as_token_ids`);
+- `--worker-extension-cls workers.llm.replicas.vllm_worker.WeightSync`, the weight loader the
+  adapter calls (it fixes vLLM's in-place reload for tied embeddings), importable in the child
+  because this checkout's root is put first on its PYTHONPATH;
+- `--logprobs-mode processed_logprobs`: returned logprobs are those of the distribution the
+  token was sampled from (after temperature, top-k/top-p and penalties), which is the behaviour
+  policy the trainer's importance weights correct against; vLLM's default, `raw_logprobs`, is
+  the model's distribution before temperature.
+Flags the adapter depends on (host, port, served name, parallel sizes, the worker extension,
+the logprobs mode) may not be overridden through the extra arguments; anything else is passed
+through verbatim.
 """
 
 from __future__ import annotations
@@ -28,11 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "MANAGED_FLAGS",
+    "VLLMLaunchConfig",
     "VLLMReplicaConfig",
     "build_vllm_command",
     "build_vllm_env",
     "free_port",
     "has_tokenizer",
+    "resolve_vllm_python",
     "split_argv",
 ]
 
@@ -48,9 +61,28 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
         "-dp",
         "--pipeline-parallel-size",
         "-pp",
+        "--worker-extension-cls",
+        "--logprobs-mode",
     }
 )
+WORKER_EXTENSION = "workers.llm.replicas.vllm_worker.WeightSync"
+LOGPROBS_MODE = "processed_logprobs"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_VLLM_VENV = REPO_ROOT / ".venv-vllm"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class VLLMLaunchConfig(BaseModel):
+    """The run config's `vllm` section: how `rollout replica serve --backend vllm` starts vLLM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: str | None = Field(
+        default=None,
+        description="Interpreter of the environment vLLM is installed in (`--vllm-python`, "
+        "ROLLOUT_VLLM__PYTHON); None: .venv-vllm/bin/python of this checkout when it exists "
+        "(`make vllm`), else the interpreter of `rollout` itself.",
+    )
 
 
 class VLLMReplicaConfig(BaseModel):
@@ -94,6 +126,9 @@ class VLLMReplicaConfig(BaseModel):
     drain_timeout_s: float = Field(
         default=30.0, gt=0, description="How long pause waits for aborted requests to return."
     )
+    python: str | None = Field(
+        default=None, description="Interpreter that runs vLLM (None: `resolve_vllm_python`)."
+    )
     extra_args: tuple[str, ...] = Field(
         default=(), description="Further `vllm serve` arguments, passed through verbatim."
     )
@@ -125,12 +160,20 @@ def has_tokenizer(model_dir: str | Path) -> bool:
     return any((path / name).is_file() for name in _TOKENIZER_FILES)
 
 
+def resolve_vllm_python(configured: str | None = None) -> str:
+    """The interpreter to run vLLM with: `configured`, else .venv-vllm's, else this one."""
+    if configured:
+        return configured
+    default = DEFAULT_VLLM_VENV / "bin" / "python"
+    return str(default) if default.is_file() else sys.executable
+
+
 def build_vllm_command(
     config: VLLMReplicaConfig, *, internal_port: int, python: str | None = None
 ) -> list[str]:
-    """The argv of the `vllm serve` child process."""
+    """The argv of the `vllm serve` child process (`python` overrides `config.python`)."""
     cmd = [
-        python or sys.executable,
+        python or resolve_vllm_python(config.python),
         "-m",
         "vllm.entrypoints.cli.main",
         "serve",
@@ -155,6 +198,10 @@ def build_vllm_command(
         "--dtype",
         config.dtype,
         "--disable-uvicorn-access-log",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--logprobs-mode",
+        LOGPROBS_MODE,
     ]
     if config.max_model_len is not None:
         cmd += ["--max-model-len", str(config.max_model_len)]
@@ -172,9 +219,14 @@ def build_vllm_command(
 
 
 def build_vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc)."""
+    """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc) and
+    this checkout first on PYTHONPATH (for the worker extension)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *(p for p in paths if p != str(REPO_ROOT))]
+    )
     return env
 
 

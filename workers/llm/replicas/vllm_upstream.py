@@ -7,10 +7,11 @@ the adapter can fall back (older vLLM, or dev mode off). Endpoints used, all und
 `/health`, `/v1/models`, `/metrics`, `/v1/completions`, `/abort_requests {request_ids}`,
 `/pause?mode=abort`, `/resume`, `/reset_prefix_cache`, `/collective_rpc {method, args, kwargs}`.
 
-Weight reload from disk goes through `collective_rpc`, newest API first:
-`reload_weights(weights_path=...)` (gpu_model_runner on recent vLLM), else
-`update_config({"model_config": {"model": path}})` + `reload_weights()` (the pattern of vLLM's
-examples/offline_inference/skip_loading_weights_in_engine_init.py).
+Weight reload from disk goes through `collective_rpc` to the project's worker extension
+(`workers.llm.replicas.vllm_worker.WeightSync`, which the launcher always installs):
+`rollout_load_weights(weights_path=...)`, vLLM's in-place `reload_weights` plus the tied-head
+fix explained there. There is deliberately no fallback to a bare `reload_weights`: on a model
+with tied embeddings it would answer 200 and serve a head of the previous version.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import aiohttp
 
 from workers.llm.replicas.vllm_mapping import VLLMUpstreamError
 
-__all__ = ["UPSTREAM_ERRORS", "VLLMUpstream"]
+__all__ = ["UPSTREAM_ERRORS", "WEIGHT_SYNC_METHOD", "VLLMUpstream"]
 
 logger = logging.getLogger("rollout.replica.vllm")
 
+WEIGHT_SYNC_METHOD = "rollout_load_weights"  # WeightSync's method, called by name
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=30)
 SLOW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30)
 UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (
@@ -124,22 +126,24 @@ class VLLMUpstream:
             raise VLLMUpstreamError(f"vLLM /metrics answered {status}")
         return str(text)
 
-    async def reload_weights(self, path: str) -> None:
-        """Load the checkpoint at `path` into every worker (the engine should be paused)."""
+    async def reload_weights(self, path: str) -> list[dict[str, Any]]:
+        """Load the checkpoint at `path` into every worker (the engine should be paused).
+
+        Returns each worker's report (`WeightSync.rollout_load_weights`); raises
+        `VLLMUpstreamError` when vLLM refuses or a worker did not report.
+        """
         status, body = await self.request(
             "POST",
             "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+            json={"method": WEIGHT_SYNC_METHOD, "kwargs": {"weights_path": path}},
         )
-        if status == 200:
-            return
-        logger.info("reload_weights(weights_path=...) answered %s; trying update_config", status)
-        for payload in (
-            {"method": "update_config", "args": [{"model_config": {"model": path}}]},
-            {"method": "reload_weights"},
-        ):
-            status, body = await self.request("POST", "/collective_rpc", json=payload)
-            if status != 200:
-                raise VLLMUpstreamError(
-                    f"collective_rpc {payload['method']} answered {status}: {body!r:.300}"
-                )
+        if status != 200:
+            raise VLLMUpstreamError(
+                f"collective_rpc {WEIGHT_SYNC_METHOD} answered {status}: {body!r:.300}"
+            )
+        results = body.get("results") if isinstance(body, dict) else None
+        if not results or not all(isinstance(r, dict) for r in results):
+            raise VLLMUpstreamError(
+                f"collective_rpc {WEIGHT_SYNC_METHOD}: no reports: {body!r:.300}"
+            )
+        return list(results)
