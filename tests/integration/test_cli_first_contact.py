@@ -317,6 +317,22 @@ def _after(seconds: float) -> Callable[[subprocess.Popen[str]], bool]:
     return lambda proc: time.monotonic() - started > seconds
 
 
+def _records_on(bootstrap: str, topic: str) -> Callable[[subprocess.Popen[str]], bool]:
+    """True once `topic` holds a record (the command under test is producing)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    def flowing(proc: subprocess.Popen[str]) -> bool:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+        try:
+            parts = consumer.partitions_for_topic(topic) or set()
+            ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+            return sum(ends.values()) > 0
+        finally:
+            consumer.close()
+
+    return flowing
+
+
 def _samples_in_flight(port: int) -> Callable[[subprocess.Popen[str]], bool]:
     """True once the stage's /metrics shows work in flight (so a stop has to wait for it)."""
     import re
@@ -339,7 +355,8 @@ def test_ctrl_c_while_producing_is_one_line(kafka_bootstrap, topics_config, tmp_
     path = write_rows(arithmetic_rows(200, seed=2), tmp_path / "many.jsonl")
     args = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
             "produce", "--dataset", str(path), "--rate", "5", "--quiet"]  # fmt: skip
-    run = interrupt(args, after=_after(6.0))
+    # Signal once records flow (a fixed delay could land in the start-up of a loaded machine).
+    run = interrupt(args, after=_records_on(kafka_bootstrap, topics_config.name("prompts")))
     assert_one_line(run, 130, "rollout: interrupted", bound_s=10)
 
 

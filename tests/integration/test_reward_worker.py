@@ -487,10 +487,17 @@ def test_partitions_move_between_two_workers_mid_stream(
         for i in range(n)
     ]
 
+    released = threading.Event()
+
     def feed() -> None:  # turns 0-1 of a slice, then turns 2-3: states span batches
         for start in range(0, n, 8):
             part = trajectories[start : start + 8]
             produce(kafka_config, turns_topic, [e for traj in part for e in traj[:2]])
+            if start == 3 * n // 4:
+                # The last quarter's rest waits for the first worker to leave, so the second
+                # finishes trajectories the first began (on a loaded machine the first could
+                # otherwise score everything before the second is assigned anything).
+                released.wait(timeout=240)
             time.sleep(0.15)
             produce(kafka_config, turns_topic, [e for traj in part for e in traj[2:]])
             time.sleep(0.15)
@@ -511,11 +518,13 @@ def test_partitions_move_between_two_workers_mid_stream(
         assert "] assigned" in second.log_tail(), second.log_tail()
         read_all(kafka_config, scored_topic, until=lambda r: len(r) >= n // 2, timeout=120)
         worker.kill(signal.SIGTERM)
+        released.set()
         feeder.join(timeout=120)
         records = read_all(kafka_config, scored_topic, until=lambda r: len(r) >= n, timeout=150)
         time.sleep(3)  # anything extra (a duplicate) would arrive by now
         records = read_all(kafka_config, scored_topic, until=lambda r: False, timeout=4)
     finally:
+        released.set()
         second.kill()
     ids = Counter(decode(r.value).trajectory_id for r in records)
     assert len(ids) == n, f"missing {n - len(ids)}\n{second.log_tail()}"

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    (tmp_path / "config.json").write_text("{}")  # passes the model-directory check
     cmd = [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm"]
     done = subprocess.run(
         [*cmd, "--model", str(tmp_path), "--port", "1", *args],
@@ -72,6 +73,7 @@ def test_the_vllm_child_dies_with_a_killed_adapter(tmp_path: Path) -> None:
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
     )
     cmd = [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm"]
+    (tmp_path / "config.json").write_text("{}")  # passes the model-directory check
     adapter = subprocess.Popen(
         [
             *cmd,
