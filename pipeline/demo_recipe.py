@@ -6,15 +6,17 @@ chosen here, offline and in one process, before anything touches Kafka:
 - Task: `arithmetic_rows(max_operand=3)` (a + b, a − b, a × b with a, b ≤ 3: 48 problems,
   answers −3…9), the gsm8k format (`#### answer`), scored by the strict gsm8k rule.
 - Warm start (`warm_start`): ~20-40 s of supervised fine-tuning of the freshly initialised
-  tiny model (400 steps at lr 1e-3), cross-entropy on the response tokens only, on targets of
+  tiny model (400 steps at lr 2e-3), cross-entropy on the response tokens only, on targets of
   two styles: 30% end in `#### n<|im_end|>` (4 tokens, what the strict scorer pays for), 70%
-  in `The answer is n.` (7 tokens, which it does not). The model then knows the table (99%
-  of its answers right in either format, sampled at temperature 1, for every seed tried) but
-  mostly gives them in the unpaid format: the strict reward starts near 0.2-0.3, and GRPO
-  groups have variance. RL learns the paid format (a choice shared by every prompt) and keeps
-  the answers right, to 0.9 and above. At lr 3e-3 some initialisations never learned the
-  table (seeds 5-7: 15-20% right after 400 steps, and still after 1000), so their runs
-  started near 0.05 and gained too little to count as learning.
+  in `The answer is n.` (7 tokens, which it does not). The model then knows the table (88-96%
+  of its answers right in either format, sampled at temperature 1, for the seeds that were
+  hardest at 3e-3) but mostly gives them in the unpaid format: the strict reward starts near
+  0.15-0.45, and GRPO groups have variance. RL learns the paid format (a choice shared by
+  every prompt) and sharpens the answers, to 0.65-0.96. The warm-start lr matters both ways:
+  at 3e-3 some initialisations never learned the table (seeds 5-7: 15-20% right after 400
+  steps, and still after 1000), their runs started near 0.05 and gained +0.13-0.19; at 1e-3
+  every seed answered 99% right, but the smoother model made RL unstable (seed 0 reached 0.95,
+  fell to 0.14 at step 26 and ended +0.02).
 - RL: GRPO, n = 8 samples per prompt, 8 groups per step, responses ≤ 8 tokens, lr 5e-4, two
   PPO mini-batches per step (the second update is clipped against the policy before the
   step), KL 0.05 (k3) to the warm-started model, entropy bonus 0.01, and DAPO's overlong
@@ -61,7 +63,7 @@ class DemoRecipe:
     max_operand: int = 3
     sft_steps: int = 400
     sft_batch: int = 32
-    sft_lr: float = 1e-3
+    sft_lr: float = 2e-3
     sft_format_frac: float = 0.3
     n: int = 8
     train_batch_size: int = 8
