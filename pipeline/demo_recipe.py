@@ -59,7 +59,9 @@ class DemoRecipe:
     """
 
     preset: str = "tiny"
-    seed: int = 0
+    # The demo's one run: seed 2 starts near 0.2, as most seeds do (`rollout bench learn`
+    # runs seeds 0-9); seed 0's warm start begins at 0.45-0.6, the least headroom of the ten.
+    seed: int = 2
     max_operand: int = 3
     sft_steps: int = 400
     sft_batch: int = 32
