@@ -36,7 +36,14 @@ from typing import Any
 from pipeline.config import RunConfig, load_config
 from pipeline.demo_recipe import DemoRecipe
 
-__all__ = ["demo_config", "prepare_model", "produce_prompts", "run_demo", "train_stages"]
+__all__ = [
+    "demo_config",
+    "prepare_model",
+    "produce_prompts",
+    "run_demo",
+    "sigterm_as_interrupt",
+    "train_stages",
+]
 
 log = logging.getLogger("rollout.demo")
 
@@ -152,7 +159,9 @@ class _Deferred:
             raise KeyboardInterrupt(f"signal {self.caught}")
 
 
-def _sigterm_as_interrupt() -> Any:
+def sigterm_as_interrupt() -> Any:
+    """Make SIGTERM raise KeyboardInterrupt (so `with` blocks unwind); returns the old handler."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -185,7 +194,7 @@ def run_demo(
     run_dir, model_dir = out / "run", out / "run" / "model"
     run_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"demo-{stamp}."
-    previous_handler = _sigterm_as_interrupt()
+    previous_handler = sigterm_as_interrupt()
     started_port: int | None = None
     broker_note = ""
     prepared: dict[str, Any] = {}

@@ -159,10 +159,9 @@ def run(
     every stage and the broker it started (the `with` blocks unwind)."""
     import signal
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+    from pipeline.demo import sigterm_as_interrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = sigterm_as_interrupt()
     try:
         return _run(cfg, runs=runs, staleness=staleness, recipe=recipe, seed=seed,
                     deadline_s=deadline_s, target=target, out_dir=out_dir, progress=progress)  # fmt: skip
