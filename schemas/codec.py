@@ -18,24 +18,11 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from schemas import headers as h
 from schemas.errors import DecodeError
 from schemas.events import SCHEMA_VERSION, Event, EventBase
 
-__all__ = [
-    "HEADER_KIND",
-    "HEADER_MAX_VERSION",
-    "HEADER_MIN_VERSION",
-    "HEADER_SCHEMA",
-    "decode",
-    "decode_as",
-    "encode",
-    "headers_for",
-]
-
-HEADER_SCHEMA = "rl.schema_version"
-HEADER_KIND = "rl.kind"
-HEADER_MIN_VERSION = "rl.min_global_steps"
-HEADER_MAX_VERSION = "rl.max_global_steps"
+__all__ = ["decode", "decode_as", "encode", "headers_for"]
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(Event)
 _SCHEMA_BYTES = str(SCHEMA_VERSION).encode()
@@ -82,11 +69,11 @@ def decode_as(value: bytes | bytearray | memoryview | str | None, kind: type[E])
 
 def headers_for(event: EventBase) -> list[tuple[str, bytes]]:
     """Kafka headers that describe an event without decoding it."""
-    headers = [(HEADER_SCHEMA, _SCHEMA_BYTES), (HEADER_KIND, str(event.kind).encode())]  # type: ignore[attr-defined]
+    headers = [(h.SCHEMA, _SCHEMA_BYTES), (h.KIND, str(event.kind).encode())]  # type: ignore[attr-defined]
     low, high = _version_tags(event)
     if low is not None and high is not None:
-        headers.append((HEADER_MIN_VERSION, str(low).encode()))
-        headers.append((HEADER_MAX_VERSION, str(high).encode()))
+        headers.append((h.MIN_VERSION, str(low).encode()))
+        headers.append((h.MAX_VERSION, str(high).encode()))
     return headers
 
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["DLQ_HEADER_PREFIX", "DeadLetter"]
+from schemas.headers import DLQ_PREFIX
 
-DLQ_HEADER_PREFIX = "rl.dlq."
+__all__ = ["DeadLetter"]
+
 _MAX_MESSAGE = 4096
 
 
@@ -41,7 +42,7 @@ class DeadLetter(BaseModel):
     original_headers: list[tuple[str, bytes]] = Field(default_factory=list)
 
     def headers(self) -> list[tuple[str, bytes]]:
-        p = DLQ_HEADER_PREFIX
+        p = DLQ_PREFIX
         own = [
             (p + "stage", self.stage.encode()),
             (p + "topic", self.topic.encode()),
@@ -86,7 +87,7 @@ class DeadLetter(BaseModel):
         cls, headers: list[tuple[str, bytes]], key: bytes | None, value: bytes | None
     ) -> DeadLetter:
         """Read a dead letter back from a consumed `rl.dlq` message."""
-        p = DLQ_HEADER_PREFIX
+        p = DLQ_PREFIX
         own = {k[len(p) :]: v.decode("utf-8", "replace") for k, v in headers if k.startswith(p)}
         return cls(
             stage=own.get("stage", "?"),

@@ -19,13 +19,13 @@ from pathlib import Path
 from kafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from schemas.headers import TRAJECTORY_ID
 from workers.kafka.clients import make_consumer
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["counters", "read_timestamps", "tree_rss"]
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-TRAJECTORY_HEADER = "rl.trajectory_id"
 COUNTERS = {
     "rollout_messages_consumed_total": "consumed",
     "rollout_messages_produced_total": "produced",
@@ -104,8 +104,8 @@ def read_timestamps(kafka: KafkaConfig, topic: str, *, by_header: bool = False) 
                 for record in records:
                     key = record.key.decode() if record.key is not None else ""
                     if by_header:
-                        key = next((v.decode() for k, v in record.headers or ()
-                                    if k == TRAJECTORY_HEADER), key)  # fmt: skip
+                        found = (v for k, v in record.headers or () if k == TRAJECTORY_ID)
+                        key = next((v.decode() for v in found), key)
                     stamps.setdefault(key, record.timestamp / 1000.0)
     finally:
         consumer.close()

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from schemas import PromptEvent, decode, encode, headers_for
+from schemas import headers as h
 from schemas.deadletter import DeadLetter
 from tests.unit.test_codec import make_events
 from workers.kafka.clients import make_consumer, make_producer
@@ -42,8 +43,8 @@ def test_every_schema_round_trips_through_the_broker(kafka_config, topic_factory
     for record, event in zip(records, events, strict=True):
         assert decode(record.value) == event
         headers = dict(record.headers)
-        assert headers["rl.kind"] == event.kind.encode()
-        assert headers["rl.schema_version"] == b"1"
+        assert headers[h.KIND] == event.kind.encode()
+        assert headers[h.SCHEMA] == b"1"
 
 
 def test_malformed_message_lands_in_dlq_and_the_next_is_processed(

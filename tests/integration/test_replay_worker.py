@@ -25,6 +25,7 @@ import pytest
 from schemas.codec import decode, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.events import EventBase, PolicyVersion, PromptEvent, ScoredTrajectory, TrainingGroup
+from schemas.headers import DROP_REASON, STALENESS
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
@@ -200,7 +201,7 @@ def test_groups_staleness_zero_variance_timeout_and_dead_letters(
     std = (4 * 0.25 / 3) ** 0.5  # [1, 0, 0, 1]: mean .5, sample std sqrt(1/3)
     assert g.advantages == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], abs=1e-4)
     assert (g.min_global_steps, g.max_global_steps, g.emitted_at_version) == (9, 10, 10)
-    assert headers["rl.staleness"] == b"1" and "rl.drop_reason" not in headers
+    assert headers[STALENESS] == b"1" and DROP_REASON not in headers
     s, _ = emitted["skew"]  # mean .75, sample std sqrt(27/12) = 1.5
     std = 1.5
     assert s.advantages == pytest.approx(
@@ -211,11 +212,11 @@ def test_groups_staleness_zero_variance_timeout_and_dead_letters(
     assert p.advantages == pytest.approx([0.5**0.5, -(0.5**0.5)], abs=1e-4)
 
     dropped = groups_of(stale)
-    assert {uid: h["rl.drop_reason"] for uid, (_, h) in dropped.items()} == {
+    assert {uid: h[DROP_REASON] for uid, (_, h) in dropped.items()} == {
         "old": b"stale",
         "flat": b"zero_variance",
     }
-    assert dropped["old"][1]["rl.staleness"] == b"5"
+    assert dropped["old"][1][STALENESS] == b"5"
     assert len(dropped["flat"][0].samples) == 4
 
     letters = [DeadLetter.from_message(list(r.headers), r.key, r.value) for r in dead]
@@ -296,7 +297,7 @@ def test_sigkill_mid_stream_loses_nothing_and_emits_nothing_twice(
         assert [s.sample_index for s in group.samples] == list(range(n))
         mean = sum(rewards[uid]) / n
         assert group.advantages == pytest.approx([r - mean for r in rewards[uid]], abs=1e-6)
-    assert {uid: h["rl.drop_reason"] for uid, (_, h) in groups_of(stale).items()} == {
+    assert {uid: h[DROP_REASON] for uid, (_, h) in groups_of(stale).items()} == {
         "lonely": b"timeout"
     }
 

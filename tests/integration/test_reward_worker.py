@@ -24,6 +24,7 @@ import pytest
 from schemas.codec import decode, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.events import ExtraFields, RewardModelSpec, ScoredTrajectory, TurnEvent
+from schemas.headers import TRAJECTORY_ID
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
@@ -223,7 +224,7 @@ def test_edge_cases_become_exactly_one_scored_trajectory_each(
         assert isinstance(event, ScoredTrajectory)
         assert event.trajectory_id not in by_id, f"{event.trajectory_id} emitted twice"
         assert record.key == event.uid.encode()
-        assert dict(record.headers)["rl.trajectory_id"] == event.trajectory_id.encode()
+        assert dict(record.headers)[TRAJECTORY_ID] == event.trajectory_id.encode()
         by_id[event.trajectory_id] = event
     assert {k: v.reward_score for k, v in by_id.items()} == {
         "ok/0": 1.0, "wrong/0": 0.0, "race/0": 1.0, "dup/0": 1.0, "late/0": 1.0, "math/0": 1.0,
@@ -339,7 +340,7 @@ def test_outputs_of_an_uncommitted_batch_are_not_emitted_again(
     producer = make_producer(kafka_config)
     producer.send(
         scored_topic, key=b"gone", value=encode(earlier),
-        headers=[*headers_for(earlier), ("rl.trajectory_id", b"gone/0")],
+        headers=[*headers_for(earlier), (TRAJECTORY_ID, b"gone/0")],
     )  # fmt: skip
     producer.flush(timeout=30)
     producer.close()

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from schemas import headers as h
+from schemas.stale import is_trainer_drop
 from tests.conftest import REPO, ReplicaProcess
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce, read_all
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -24,7 +26,7 @@ from workers.metrics import TrainerMetrics
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.config import TrainerConfig
 from workers.trainer.metrics import effective_steps, effective_trajectory_ids
-from workers.trainer.trainer import HEADER_STALE_REASON, run_trainer
+from workers.trainer.trainer import run_trainer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -120,7 +122,8 @@ def test_stale_groups_go_to_the_stale_topic(
     trained = [u for r in effective_steps(cfg.metrics_path).values() for u in r["uids"]]
     assert len(stale_uids) == 3 and len(trained) == 2
     assert sorted(stale_uids + trained) == [g.uid for g in groups]
-    assert all(dict(r.headers)[HEADER_STALE_REASON] == b"staleness" for r in stale)
+    assert all(dict(r.headers)[h.DROP_REASON] == b"stale" for r in stale)
+    assert all(is_trainer_drop(r.headers) for r in stale)
     latest = load_latest(cfg.checkpoint_dir)
     assert latest is not None
     assert latest.state.groups_stale == 3 and latest.state.groups_consumed == 5

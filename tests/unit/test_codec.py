@@ -21,6 +21,7 @@ from schemas import (
     encode,
     headers_for,
 )
+from schemas import headers as h
 from schemas.arrays import pack, unpack
 
 
@@ -122,11 +123,11 @@ def test_pack_unpack() -> None:
 def test_headers_carry_kind_schema_and_versions() -> None:
     _prompt, turn0, _tool, scored, _group, policy, _replica = make_events()
     headers = dict(headers_for(turn0))
-    assert headers["rl.kind"] == b"turn"
-    assert headers["rl.schema_version"] == b"1"
-    assert (headers["rl.min_global_steps"], headers["rl.max_global_steps"]) == (b"2", b"3")
-    assert dict(headers_for(scored))["rl.max_global_steps"] == b"3"
-    assert dict(headers_for(policy))["rl.min_global_steps"] == b"4"
+    assert headers[h.KIND] == b"turn"
+    assert headers[h.SCHEMA] == b"1"
+    assert (headers[h.MIN_VERSION], headers[h.MAX_VERSION]) == (b"2", b"3")
+    assert dict(headers_for(scored))[h.MAX_VERSION] == b"3"
+    assert dict(headers_for(policy))[h.MIN_VERSION] == b"4"
 
 
 @pytest.mark.parametrize(

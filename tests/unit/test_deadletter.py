@@ -6,12 +6,13 @@ from collections import namedtuple
 
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
+from schemas.headers import KIND
 
 Record = namedtuple("Record", "topic partition offset key value headers")
 
 
 def test_a_record_letter_keeps_the_bytes_and_headers_and_reads_back() -> None:
-    record = Record("rl.turns", 3, 41, b"t/0", b"\xff not json", [("rl.kind", b"turn")])
+    record = Record("rl.turns", 3, 41, b"t/0", b"\xff not json", [(KIND, b"turn")])
     exc = DecodeError("not JSON", cause="json")
     letter = DeadLetter.of_record("reward", record, exc)
     assert (letter.key, letter.value, letter.error_cause) == (b"t/0", b"\xff not json", "json")

@@ -24,15 +24,13 @@ from aiokafka import AIOKafkaConsumer
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
+from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["TRAINER_STALE_HEADER", "follow_policy", "follow_replicas", "follow_upstream_drops"]
+__all__ = ["follow_policy", "follow_replicas", "follow_upstream_drops"]
 
 log = logging.getLogger("rollout.agent_loop.follow")
-
-# Set by the trainer on the groups it drops (it counts those in `groups_trained` already).
-TRAINER_STALE_HEADER = "rl.stale.trainer_version"
 
 
 async def follow_policy(
@@ -58,7 +56,7 @@ async def follow_upstream_drops(
     await consumer.start()
     try:
         async for record in consumer:
-            if not any(key == TRAINER_STALE_HEADER for key, _ in record.headers or ()):
+            if not is_trainer_drop(record.headers):
                 gate.observe_dropped()
     finally:
         await consumer.stop()

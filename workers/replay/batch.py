@@ -11,8 +11,8 @@
    staleness against the latest `rl.policy` version, zero variance, advantages);
 3. persists new samples, then changed headers and an EMITTING marker per judged group (holding
    its output partition's end offset), and awaits the broker's acknowledgements;
-4. produces each group to `rl.replay`, or to `rl.stale` with header `rl.drop_reason`
-   (`stale`, `zero_variance`, `timeout`: every finished prompt lands on one of the two, so
+4. produces each group to `rl.replay`, or to `rl.stale` with header `rl.stale.reason`
+   (`schemas.stale`: `stale`, `zero_variance`, `timeout`: every finished prompt lands on one of the two, so
    the trainer's admission accounting can count dropped prompts too), and dead letters to
    `rl.dlq`, and awaits every acknowledgement;
 5. deletes the finished groups' samples and marks them DONE (changelog writes, not awaited:
@@ -37,6 +37,8 @@ from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory
+from schemas.headers import STALENESS
+from schemas.stale import drop_headers
 from workers.metrics import StageMetrics
 from workers.replay.config import ReplayConfig
 from workers.replay.groups import Decision, PendingGroup, judge
@@ -46,13 +48,11 @@ from workers.replay.state import GroupState
 from workers.replay.stats import ReplayStats
 from workers.replay.table import GroupTable
 
-__all__ = ["DROP_REASON_HEADER", "STAGE", "STALENESS_HEADER", "GroupProcessor", "Routes"]
+__all__ = ["STAGE", "GroupProcessor", "Routes"]
 
 log = logging.getLogger("rollout.replay")
 
 STAGE = "replay"
-DROP_REASON_HEADER = "rl.drop_reason"
-STALENESS_HEADER = "rl.staleness"
 
 
 @dataclass(frozen=True)
@@ -274,11 +274,11 @@ class GroupProcessor:
     async def _produce(self, state: GroupState, decision: Decision, topic: str) -> Any:
         assert decision.group is not None
         group = decision.group
-        headers = [*headers_for(group), (STALENESS_HEADER, str(decision.staleness).encode())]
         if decision.drop is not None:
-            headers.append((DROP_REASON_HEADER, decision.drop.encode()))
+            headers = drop_headers(headers_for(group), decision.drop, decision.staleness)
             self.stats.add(f"dropped_{decision.drop}")
         else:
+            headers = [*headers_for(group), (STALENESS, str(decision.staleness).encode())]
             self.stats.add("emitted")
         self.metrics.produced(topic)
         return await self.producer.send(

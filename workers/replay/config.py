@@ -11,10 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.stale import StalePolicy
+
 __all__ = ["PartialPolicy", "ReplayConfig", "StalePolicy"]
 
 PartialPolicy = Literal["emit", "drop"]
-StalePolicy = Literal["drop", "keep"]
 
 
 class ReplayConfig(BaseModel):

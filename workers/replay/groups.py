@@ -27,10 +27,9 @@ from typing import Literal
 
 from schemas.advantages import EPS, group_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
+from schemas.stale import DropReason, StalePolicy
 
-__all__ = ["Decision", "Drop", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
-
-Drop = Literal["stale", "zero_variance", "timeout", "duplicate_group"]
+__all__ = ["Decision", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
 
 
 @dataclass
@@ -50,7 +49,7 @@ class Decision:
     """What to do with a finished (complete or timed-out) group."""
 
     group: TrainingGroup | None
-    drop: Drop | None
+    drop: DropReason | None
     staleness: int
 
 
@@ -87,7 +86,7 @@ def judge(
     *,
     current_version: int,
     max_staleness: int | None,
-    stale_policy: Literal["drop", "keep"],
+    stale_policy: StalePolicy,
     drop_zero_variance: bool,
     norm_by_std: bool,
     partial_policy: Literal["emit", "drop"] = "emit",

@@ -55,13 +55,14 @@ from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
+from schemas.headers import TRAJECTORY_ID
 from workers.kafka.changelog import ChangelogTable
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
 from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
-from workers.reward.ledger import TRAJECTORY_HEADER, OutputLedger
+from workers.reward.ledger import OutputLedger
 from workers.reward.letters import abandoned_letter, record_letter, trajectory_letter
 from workers.reward.overlong import overlong_penalty
 from workers.reward.stats import RewardStats
@@ -255,7 +256,7 @@ class TurnProcessor:
                         partition=partition,
                         headers=[
                             *headers_for(scored),
-                            (TRAJECTORY_HEADER, scored.trajectory_id.encode()),
+                            (TRAJECTORY_ID, scored.trajectory_id.encode()),
                         ],
                     )
                 )

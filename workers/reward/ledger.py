@@ -17,11 +17,11 @@ import logging
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 
+from schemas.headers import RECOVERY_POINT_TAG, TRAJECTORY_ID
 from workers.kafka.config import KafkaConfig
 
 __all__ = [
     "MAX_OUTPUT_PARTITIONS",
-    "TRAJECTORY_HEADER",
     "OutputLedger",
     "format_recovery_point",
     "parse_recovery_point",
@@ -29,8 +29,7 @@ __all__ = [
 
 log = logging.getLogger("rollout.reward.ledger")
 
-TRAJECTORY_HEADER = "rl.trajectory_id"
-_PREFIX = "rl.scored@v1:"
+_PREFIX = RECOVERY_POINT_TAG
 # Kafka keeps at most `offset.metadata.max.bytes` (4096 by default) of commit metadata;
 # an offset takes at most 20 characters (with its comma), usually far fewer.
 MAX_OUTPUT_PARTITIONS = 200
@@ -104,7 +103,7 @@ class OutputLedger:
                     continue
                 scanned += 1
                 for name, value in record.headers or ():
-                    if name == TRAJECTORY_HEADER:
+                    if name == TRAJECTORY_ID:
                         found.add(value.decode())
         self._consumer.unsubscribe()
         log.info(

@@ -17,8 +17,8 @@ from typing import Any
 from schemas.codec import encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.events import ScoredTrajectory
+from schemas.headers import TRAJECTORY_ID
 from workers.reward.exceptions import RewardError
-from workers.reward.ledger import TRAJECTORY_HEADER
 
 __all__ = ["STAGE", "abandoned_letter", "record_letter", "trajectory_letter"]
 
@@ -44,7 +44,7 @@ def trajectory_letter(message: Any, tagged: ScoredTrajectory, exc: RewardError) 
         value=encode(tagged),
         original_headers=[
             *headers_for(tagged),
-            (TRAJECTORY_HEADER, tagged.trajectory_id.encode()),
+            (TRAJECTORY_ID, tagged.trajectory_id.encode()),
         ],
     )
 

@@ -21,6 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.stale import StalePolicy
+
 __all__ = ["ISLevel", "KLLossType", "LossAggMode", "Precision", "StalePolicy", "TrainerConfig"]
 
 ISLevel = Literal["token", "sequence", "geometric"]
@@ -29,7 +31,6 @@ LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 Precision = Literal["fp32", "bf16"]
-StalePolicy = Literal["drop", "keep"]
 
 
 class TrainerConfig(BaseModel):

@@ -3,7 +3,7 @@
 Loop: collect `train_batch_size` groups from the replay topic (through `TrajectoryConsumer`,
 all partitions assigned), re-checking each group's staleness against the trainer's own
 version (`version − group.min_global_steps > max_staleness` → the stale topic, keyed by uid,
-original bytes, `rl.stale.*` headers) and skipping groups already trained (dedup by uid and
+original bytes, `schemas.stale.drop_headers`) and skipping groups already trained (dedup by uid and
 attempt ids, remembered across restarts) → one optimiser step (`workers.trainer.step`) →
 one line in the step log → every `sync_every` steps: checkpoint (weights + optimizer + the
 consumer positions the weights cover), publish `PolicyVersion(version, path, groups_trained,
@@ -43,6 +43,7 @@ from kafka.errors import KafkaError
 
 from schemas.codec import encode, headers_for
 from schemas.events import PolicyVersion, TrainingGroup
+from schemas.stale import drop_headers
 from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -65,9 +66,6 @@ __all__ = ["Trainer", "TrainerResult", "run_trainer"]
 
 log = logging.getLogger("rollout.trainer")
 
-HEADER_STALE_REASON = "rl.stale.reason"
-HEADER_STALE_VERSION = "rl.stale.trainer_version"
-HEADER_STALE_STALENESS = "rl.stale.staleness"
 POLICY_KEY = "policy"
 
 
@@ -271,12 +269,7 @@ class Trainer:
             item.event.uid, item.topic, item.partition, item.offset, staleness,
             self.config.max_staleness, version,
         )  # fmt: skip
-        headers = [h for h in item.headers if not h[0].startswith("rl.stale.")]
-        headers += [
-            (HEADER_STALE_REASON, b"staleness"),
-            (HEADER_STALE_VERSION, str(version).encode()),
-            (HEADER_STALE_STALENESS, str(staleness).encode()),
-        ]
+        headers = drop_headers(item.headers, "stale", staleness, trainer_version=version)
         self.metrics.produced(self.topics.name("stale"))
         return self.producer.send(
             self.topics.name("stale"), key=item.event.uid, value=item.value, headers=headers
