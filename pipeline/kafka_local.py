@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -28,10 +27,10 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.kafka_state import BrokerState, cache_home, rollout_home
 from workers.kafka.exceptions import KafkaUnavailableError
 
 __all__ = ["BrokerState", "broker_status", "ensure_jars", "start_broker", "stop_broker"]
@@ -39,47 +38,6 @@ __all__ = ["BrokerState", "broker_status", "ensure_jars", "start_broker", "stop_
 log = logging.getLogger("rollout.kafka.local")
 
 INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
-
-
-def rollout_home() -> Path:
-    return Path(os.environ.get("ROLLOUT_HOME", Path.home() / ".rollout")).expanduser()
-
-
-def cache_home() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    return Path(base).expanduser() / "rollout-pipeline"
-
-
-@dataclass
-class BrokerState:
-    """What `up` records so that `status` and `down` find the broker again."""
-
-    pid: int
-    port: int
-    controller_port: int
-    data_dir: str
-    bootstrap: str
-    started_at: float
-    reused: bool = False
-    secure: bool = False  # SASL_SSL + ACLs (pipeline/kafka_secure.py); creds in data_dir
-
-    @classmethod
-    def path_for(cls, port: int) -> Path:
-        return rollout_home() / f"kafka-{port}.json"
-
-    def save(self) -> None:
-        path = self.path_for(self.port)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, port: int) -> BrokerState | None:
-        try:
-            return cls(**json.loads(cls.path_for(port).read_text()))
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
-            return None
 
 
 def ensure_jars(*, quiet: bool = False) -> Path:

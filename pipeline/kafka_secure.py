@@ -40,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.kafka_state import BrokerState, rollout_home
 from workers.kafka.config import KafkaConfig
 from workers.kafka.exceptions import KafkaPlumbingError
 
@@ -271,8 +272,6 @@ def java_argfile(data_dir: Path, args: Sequence[str]) -> Iterator[str]:
 
 def data_dir_for(port: int, data_dir: str | Path | None = None) -> Path:
     """The data dir of the secure broker on `port`: given, recorded by `up`, or the default."""
-    from pipeline.kafka_local import BrokerState, rollout_home
-
     if data_dir:
         return Path(data_dir).expanduser().resolve()
     state = BrokerState.load(port)

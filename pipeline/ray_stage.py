@@ -1,10 +1,11 @@
 """The body of one stage's Ray actor: it starts, watches and stops one `rollout` child.
 
 `StageRunner` is a plain class (the launcher wraps it with `ray.remote`), so importing this
-module imports no Ray. The child is `python -m pipeline.ray_stage <actor pid> <rollout argv>`:
-it asks the kernel for SIGTERM when the actor that started it dies (PDEATHSIG), checks the
-actor is still its parent, then runs `pipeline.cli.main` in its own main thread, where the
-workers install their signal handlers and event loops. The child leads its own process
+module imports no Ray. The child is `python -m pipeline.ray_child <actor pid> <rollout argv>`
+(its own module, so this one never imports the CLI that launches it): it asks the kernel for
+SIGTERM when the actor that started it dies (PDEATHSIG), checks the actor is still its
+parent, then runs `pipeline.cli.main` in its own main thread, where the workers install
+their signal handlers and event loops. The child leads its own process
 group, so a stop (SIGTERM, a grace period, SIGKILL) reaches whatever it started too.
 Invariant: the actor's methods run on its main thread, the thread that started the child,
 which is the thread PDEATHSIG watches.
@@ -26,8 +27,6 @@ from pipeline.launch import REPO
 __all__ = ["StageRunner"]
 
 log = logging.getLogger("rollout.ray_stage")
-
-_PR_SET_PDEATHSIG = 1
 
 
 class StageRunner:
@@ -51,7 +50,7 @@ class StageRunner:
 
     def start(self, cli_argv: list[str], env: dict[str, str]) -> dict[str, Any]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.argv = [sys.executable, "-m", "pipeline.ray_stage", str(os.getpid()), *cli_argv]
+        self.argv = [sys.executable, "-m", "pipeline.ray_child", str(os.getpid()), *cli_argv]
         with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -108,21 +107,3 @@ class StageRunner:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _child_main(argv: list[str]) -> int:
-    """Entry of an actor's child: die with the actor (PDEATHSIG), then run the CLI."""
-    parent = int(argv[0])
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the actor died before the line above took effect
-        return 1
-    from pipeline.cli import main
-
-    return main(argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))

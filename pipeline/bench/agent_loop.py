@@ -19,8 +19,9 @@ from typing import Any
 from pipeline.bench.common import bench_broker, tiny_model
 from schemas.codec import decode, encode, headers_for
 from schemas.events import PromptEvent
-from workers.agent_loop.base import AgentContext, get_agent_loop
+from workers.agent_loop.base import AgentContext
 from workers.agent_loop.config import AgentLoopWorkerConfig
+from workers.agent_loop.loops import get_agent_loop
 from workers.agent_loop.worker import AgentLoopWorker
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig

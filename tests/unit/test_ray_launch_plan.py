@@ -66,7 +66,7 @@ def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:
 
 def test_the_launcher_modules_import_without_ray() -> None:
     code = (
-        "import sys, pipeline.ray_launch, pipeline.ray_stage;"
+        "import sys, pipeline.ray_launch, pipeline.ray_stage, pipeline.ray_child;"
         "print(','.join(m for m in ('ray', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,13 +11,13 @@ verl's `AgentLoopOutput`: `prompt_ids`, `response_ids`, `response_mask` (1 model
 Invariant: `response_ids` is exactly the concatenation of the turns' token ids, in order;
 text is never re-tokenized.
 
-Loops are registered with `@register("name")`; user loops are named in config by import path
-(`package.module:ClassName`) and loaded only from there.
+Loops are registered with `@register("name")`; `workers.agent_loop.loops` looks them up (it
+imports the built-in loops, which import this module: the one-way order base → loops → lookup),
+and loads user loops named in config by import path (`package.module:ClassName`).
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,7 +33,6 @@ __all__ = [
     "AgentLoopBase",
     "AgentLoopOutput",
     "TurnRecord",
-    "get_agent_loop",
     "register",
     "registered",
 ]
@@ -124,37 +123,5 @@ def register(name: str) -> Callable[[type[AgentLoopBase]], type[AgentLoopBase]]:
 
 
 def registered() -> dict[str, type[AgentLoopBase]]:
-    _load_builtins()
+    """The loops registered so far (`workers.agent_loop.loops.registered` has the built-ins)."""
     return dict(_REGISTRY)
-
-
-def get_agent_loop(name: str, user_loops: dict[str, str] | None = None) -> type[AgentLoopBase]:
-    """The class for `name`: a registered loop, or one named in config by import path."""
-    _load_builtins()
-    if user_loops and name in user_loops:
-        return _import(user_loops[name])
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted({*_REGISTRY, *(user_loops or {})}))
-        raise AgentLoopError(
-            f"unknown agent_name {name!r} (known: {known})", cause="unknown_agent"
-        ) from None
-
-
-def _import(path: str) -> type[AgentLoopBase]:
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        module_name, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise AgentLoopError(f"cannot load agent loop {path!r}: {exc}", cause="config") from exc
-    if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
-        raise AgentLoopError(f"{path!r} is not an AgentLoopBase subclass", cause="config")
-    return cls
-
-
-def _load_builtins() -> None:
-    # Importing registers them; deferred so `base` has no import cycle with the loops.
-    from workers.agent_loop import single_turn, tool_agent  # noqa: F401

@@ -47,10 +47,11 @@ from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError, RolloutError
 from schemas.events import PromptEvent, TurnEvent
 from workers.agent_loop.admission import AdmissionGate
-from workers.agent_loop.base import AgentContext, TurnRecord, get_agent_loop
+from workers.agent_loop.base import AgentContext, TurnRecord
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
+from workers.agent_loop.loops import get_agent_loop
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.admin import missing_topics

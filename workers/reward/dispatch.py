@@ -19,7 +19,6 @@ failure policy. Items of a batch are scored concurrently.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import math
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.imports import import_object
 from workers.reward.assembler import Assembled
 from workers.reward.config import RewardConfig
 from workers.reward.exceptions import (
@@ -57,7 +57,7 @@ class Score:
 def load_custom(path: str, name: str) -> Callable[..., Any]:
     """Import `path` and return its `name` (at start, so a typo fails the stage early)."""
     try:
-        fn = getattr(importlib.import_module(path), name)
+        fn = import_object(f"{path}:{name}")
     except (ImportError, AttributeError) as exc:
         raise RewardError(f"cannot load custom reward function {path}:{name}: {exc}") from exc
     if not callable(fn):

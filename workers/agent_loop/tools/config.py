@@ -17,7 +17,6 @@ modules named in the file; values are read with `yaml.safe_load`.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from workers.agent_loop.exceptions import ToolConfigError
 from workers.agent_loop.tools.base import BaseTool
 from workers.agent_loop.tools.function import FunctionTool
+from workers.imports import import_object
 
 __all__ = ["ToolEntry", "ToolsConfig", "import_object", "load_tools"]
 
@@ -61,21 +61,6 @@ class ToolsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tools: list[ToolEntry] = Field(default_factory=list)
-
-
-def import_object(path: str) -> Any:
-    """`pkg.mod:attr` or `pkg.mod.attr` → the object; `ImportError`/`AttributeError` if not."""
-    if ":" in path:
-        module_name, _, attribute = path.partition(":")
-    else:
-        module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ImportError(f"{path!r} is not of the form 'package.module:name'")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> ToolsConfig:
