@@ -26,7 +26,7 @@ def cmd_bench_serialization(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_bench_router(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.llm.bench_router import run
+    from pipeline.bench.router import run
 
     _emit(run(replicas=args.replicas, ids=args.ids), args.json)
     return 0
@@ -36,7 +36,7 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
     _checked_model(args)
     import tempfile
 
-    from workers.llm.replicas.bench_engine import run
+    from pipeline.bench.engine import run
 
     model = args.model
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,7 +50,7 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
     _checked_model(args)
-    from workers.llm.bench_prefix import run
+    from pipeline.bench.prefix import run
 
     result = run(
         args.model,
@@ -65,7 +65,7 @@ def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     _checked_model(args, "tokenizer")
-    from workers.reward.bench import run
+    from pipeline.bench.reward import run
 
     result = run(
         cfg.kafka, trajectories=args.trajectories, turns=args.turns, tokens=args.tokens,

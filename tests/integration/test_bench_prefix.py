@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from workers.llm import bench_prefix
+from pipeline.bench import prefix as bench_prefix
 from workers.llm.model_init import init_model
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.bench.reward import run
 from workers.kafka.config import KafkaConfig
-from workers.reward.bench import run
 
 pytestmark = pytest.mark.kafka
 

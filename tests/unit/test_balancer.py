@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.llm import bench_router
+from pipeline.bench import router as bench_router
 from workers.llm.balancer import Balancer, Replica, stable_hash
 from workers.llm.exceptions import NoReplicaError
 

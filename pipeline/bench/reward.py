@@ -3,7 +3,7 @@
 On one broker, in one run, over the same messages (N trajectories × `turns` turn events of
 `tokens` tokens each, gsm8k scorer):
 
-- stage: `python -m workers.reward` consumes the turns and emits N `ScoredTrajectory`s;
+- stage: `rollout worker reward` consumes the turns and emits N `ScoredTrajectory`s;
 - copy: a bare consume→produce copy of the same turn messages with kafka-python and with
   aiokafka (idempotent, acks=all, 1 MiB batches, like the stage's producer), the faster one
   counting — the limit for any stage that reads and writes every message. Both read
@@ -48,12 +48,11 @@ from typing import Any
 
 from schemas.codec import encode, headers_for
 from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
-from workers.kafka.client_logs import route_client_logs
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 __all__ = ["run"]
 
-log = logging.getLogger("rollout.reward.bench")
+log = logging.getLogger("rollout.bench.reward")
 
 _REPO = Path(__file__).resolve().parents[2]
 _MATH_ITEMS = [
@@ -226,7 +225,7 @@ def _run_stage(
     path.write_text(json.dumps(config))
     with open(tmp / "worker.log", "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.reward", "--config", str(path)],
+            [sys.executable, "-m", "pipeline.cli", "--config", str(path), "worker", "reward"],
             cwd=_REPO, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -369,24 +368,3 @@ def _cleanup(admin: Any, prefix: str) -> None:
             admin.delete_topics(made)
     finally:
         admin.close()
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bootstrap", default="localhost:9092")
-    parser.add_argument("--trajectories", type=int, default=2000)
-    parser.add_argument("--tokenizer")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="Kafka clients' logs.")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    route_client_logs(args.verbose)
-    result = run(
-        KafkaConfig(bootstrap_servers=args.bootstrap),
-        trajectories=args.trajectories,
-        tokenizer=args.tokenizer,
-        batch_size=args.batch_size,
-    )
-    sys.stdout.write(json.dumps(result) + "\n")

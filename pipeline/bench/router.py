@@ -10,8 +10,6 @@ Wired as `rollout bench router --json`: `run(...)` returns a JSON-ready dict.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import time
 from collections import deque
@@ -99,27 +97,3 @@ def run(
         "seed": seed,
         "repeats": repeats,
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=int, default=8)
-    p.add_argument("--ids", type=int, default=10_000)
-    p.add_argument("--ops", type=int, default=200_000)
-    p.add_argument("--sticky-fraction", type=float, default=0.5)
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--no-deterministic", action="store_true")
-    a = p.parse_args(argv)
-    out = run(
-        a.replicas,
-        a.ids,
-        a.ops,
-        a.sticky_fraction,
-        window=a.window,
-        deterministic=not a.no_deterministic,
-    )
-    print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()

@@ -28,18 +28,16 @@ prompt token that an earlier request on the same replica could have computed (th
 turn's prompt + response minus its last token, whose KV is never computed, and the shared
 system prompt), over all prompt tokens.
 
-Wired as `rollout bench prefix-routing --json`; `python -m workers.llm.bench_prefix --json`.
+Wired as `rollout bench prefix-routing --json`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -51,7 +49,7 @@ from workers.llm.replicas.local import LocalReplicas
 
 __all__ = ["run"]
 
-logger = logging.getLogger("rollout.llm.bench_prefix")
+logger = logging.getLogger("rollout.bench.prefix")
 
 _PHASES = ("round_robin", "sticky")
 
@@ -361,43 +359,3 @@ async def _phase(
         "requests_per_replica": dict(sorted(per_replica.items())),
         "prompt_lengths": lengths,
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="Model directory; default: build the tiny one.")
-    p.add_argument("--conversations", type=int, default=64)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--tool-tokens", type=int, default=256)
-    p.add_argument("--gen-tokens", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--system-tokens", type=int, default=0)
-    p.add_argument("--task-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=2, help="Runs per policy, in ABBA order.")
-    p.add_argument("--json", action="store_true", help="Print one JSON object.")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    out = run(
-        a.model,
-        a.conversations,
-        a.turns,
-        a.replicas,
-        a.tool_tokens,
-        a.gen_tokens,
-        a.concurrency,
-        a.seed,
-        system_tokens=a.system_tokens,
-        task_tokens=a.task_tokens,
-        repeats=a.repeats,
-    )
-    if a.json:
-        print(json.dumps(out))
-    else:
-        for key, value in out.items():
-            print(f"{key}: {value}")
-
-
-if __name__ == "__main__":
-    main()

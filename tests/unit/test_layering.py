@@ -1,0 +1,191 @@
+"""The import graph of the source tree, read from every file's AST, keeps the layering.
+
+Layers, lowest first: `schemas` (the contract: events, codec, header names) → `workers`
+(`workers.kafka` and `workers.metrics` the shared plumbing, then one package per stage) →
+`pipeline` (CLI, launchers, benchmarks, tools). An import goes down or sideways within a
+package, never up; stages talk through topics, not imports (the agent loop drives the LLM
+client, the one exception); and no two files import each other, directly or round a loop.
+
+Every `import` counts, those inside functions too: a lazy import hides a loop from the
+interpreter, not from the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from schemas import headers
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("schemas", "workers", "pipeline")
+STAGES = ("agent_loop", "llm", "replay", "reward", "trainer")
+ALLOWED_STAGE_EDGES = {("agent_loop", "llm")}
+HEAVY = ("torch", "transformers")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    """The longest prefix of a dotted name that is one of our modules ('' if none)."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in MODULES:
+            return candidate
+        parts.pop()
+    return ""
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every dotted name the file imports: our modules resolved, others as written."""
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                drop = node.level - 1 if is_package else node.level
+                anchor = anchor[: len(anchor) - drop] if drop else anchor
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                names.add(full if full in MODULES else base)
+    return {_resolve(n) or n for n in names} - {module}
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "workers" and len(parts) > 1 and parts[1] in STAGES else None
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_workers_never_import_pipeline() -> None:
+    bad = sorted(
+        f"{m} → {n}"
+        for m, deps in GRAPH.items()
+        if _top(m) == "workers"
+        for n in deps
+        if _top(n) == "pipeline"
+    )
+    assert not bad, "workers import pipeline:\n" + "\n".join(bad)
+
+
+def test_stages_do_not_import_each_other() -> None:
+    bad = []
+    for module, deps in GRAPH.items():
+        own = _stage(module)
+        for name in deps:
+            other = _stage(name)
+            if own and other and other != own and (own, other) not in ALLOWED_STAGE_EDGES:
+                bad.append(f"{module} → {name}")
+    assert not bad, "a stage imports another stage:\n" + "\n".join(sorted(bad))
+
+
+def test_schemas_import_only_schemas_and_light_libraries() -> None:
+    bad = sorted(
+        f"{m} → {n}"
+        for m, deps in GRAPH.items()
+        if _top(m) == "schemas"
+        for n in deps
+        if _top(n) in ("workers", "pipeline", *HEAVY)
+    )
+    assert not bad, "schemas import a stage or a heavy library:\n" + "\n".join(bad)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_loops() -> None:
+    loops = _cycles()
+    assert not loops, "import loops:\n" + "\n".join(" ↔ ".join(c) for c in loops)
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+HEADER_NAMES = {v for k, v in vars(headers).items() if k.isupper() and isinstance(v, str)}
+PREFIXES = tuple(v for v in HEADER_NAMES if v.endswith((".", ":")))
+
+
+@pytest.mark.parametrize("package", [*PACKAGES[1:], "tests"])
+def test_header_names_are_spelled_only_in_schemas(package: str) -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, text in _strings(path)
+        if text in HEADER_NAMES or text.startswith(PREFIXES)
+    ]
+    assert not bad, "import the name from schemas.headers instead:\n" + "\n".join(bad)
