@@ -156,18 +156,16 @@ async def _copy_aiokafka(
     """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to
     `dst`; with `decode_each`, each is first decoded through the codec (validated), and its
     bytes are passed on."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaConsumer
 
     from schemas.codec import decode
+    from workers.kafka.aio import make_aio_producer
 
     consumer = AIOKafkaConsumer(
         src, **kafka.aiokafka_kwargs(), group_id=None, auto_offset_reset="earliest",
         max_partition_fetch_bytes=kafka.max_request_size,
     )  # fmt: skip
-    producer = AIOKafkaProducer(
-        **kafka.aiokafka_kwargs(), acks="all", enable_idempotence=True, linger_ms=5,
-        max_batch_size=1024 * 1024, max_request_size=kafka.max_request_size,
-    )  # fmt: skip
+    producer = make_aio_producer(kafka, client_id=f"{kafka.client_id}-bench-copy")
     await consumer.start()
     await producer.start()
     copied = 0

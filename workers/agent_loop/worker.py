@@ -55,7 +55,9 @@ from workers.agent_loop.loops import get_agent_loop
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.admin import missing_topics
+from workers.kafka.aio import make_aio_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.dlq import AioDeadLetters
 from workers.kafka.exceptions import KafkaUnavailableError
 from workers.llm.exceptions import BadRequestError
 from workers.metrics import StageMetrics
@@ -110,6 +112,7 @@ class AgentLoopWorker:
         self._background: list[asyncio.Task[None]] = []
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
+        self.letters: AioDeadLetters | None = None
         self.metrics = metrics or StageMetrics("agent-loop")
         self.metrics.watch(
             in_flight=lambda: self._samples_in_flight,
@@ -147,15 +150,8 @@ class AgentLoopWorker:
                 from workers.agent_loop.tools.config import load_tools
 
                 self.tools = load_tools(cfg.loops.tool_config)
-        self.producer = AIOKafkaProducer(
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-            max_batch_size=1024 * 1024,  # aiokafka's 16 KiB default crawls with 10+ KB turns
-            max_request_size=self.kafka.max_request_size,
-            client_id=f"{self.kafka.client_id}-{STAGE}",
-            **conn,
-        )
+        self.producer = make_aio_producer(self.kafka, client_id=f"{self.kafka.client_id}-{STAGE}")
+        self.letters = AioDeadLetters(self.producer, self.topics.name("dlq"), self.metrics)
         await self.producer.start()
         if self.llm is None:
             from workers.llm.client import LLMClient
@@ -378,15 +374,9 @@ class AgentLoopWorker:
         return future
 
     async def _dead_letter(self, record: Any, exc: BaseException) -> None:
-        assert self.producer is not None
-        letter = DeadLetter.of_record(STAGE, record, exc)
-        log.warning("dead-lettering prompt %s[%d]@%d: %s",
-                    record.topic, record.partition, record.offset, exc)  # fmt: skip
+        assert self.letters is not None
         self.counters["dead_letters"] += 1
-        dlq = self.topics.name("dlq")
-        self.metrics.dead_letter(letter.error_class, dlq)
-        sent = self.producer.send(dlq, key=letter.key, value=letter.value, headers=letter.headers())
-        await (await sent)
+        await (await self.letters.send(DeadLetter.of_record(STAGE, record, exc)))
 
     # --- offsets and rebalancing -------------------------------------------------------
 

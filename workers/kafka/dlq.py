@@ -1,10 +1,15 @@
 """The dead-letter error policy every stage uses.
 
-`DeadLetterQueue.send(record, exc)` produces the record's original key and value to `rl.dlq`
-with headers naming the stage, source topic/partition/offset, error class, cause and message
-(`schemas.deadletter`). It returns the broker's future so the caller can commit the source
-offset only once the dead letter is acknowledged: a bad message is never silently dropped,
-and it never stops the stage.
+A dead letter (`schemas.deadletter.DeadLetter`) is produced to `rl.dlq` with the original
+key and value and headers naming the stage, source topic/partition/offset, error class,
+cause and message; the sender logs it once and counts it in the stage's metrics
+(`dead_letter(error_class, topic)`, which counts it as produced on the topic too). Both
+senders return the broker's future, so the caller can commit the source offset only once
+the dead letter is acknowledged: a bad message is never silently dropped, and it never
+stops the stage.
+
+- `DeadLetterQueue`: over a kafka-python producer (the trainer's consumer, the producer CLI).
+- `AioDeadLetters`: over an aiokafka producer (the agent-loop, reward and replay stages).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from kafka.producer.future import FutureRecordMetadata
 
 from schemas.deadletter import DeadLetter
 
-__all__ = ["DeadLetterQueue"]
+__all__ = ["AioDeadLetters", "DeadLetterQueue"]
 
 log = logging.getLogger("rollout.dlq")
 
@@ -39,15 +44,7 @@ class DeadLetterQueue:
 
     def send_letter(self, letter: DeadLetter) -> FutureRecordMetadata:
         self.count += 1
-        log.warning(
-            "dead-lettering %s[%d]@%d from stage %s: %s: %s",
-            letter.topic,
-            letter.partition,
-            letter.offset,
-            letter.stage,
-            letter.error_class,
-            letter.error_message[:200],
-        )
+        _warn(letter)
         return self._producer.send(
             self.topic, key=letter.key, value=letter.value, headers=letter.headers()
         )
@@ -74,6 +71,34 @@ class DeadLetterQueue:
             value=value,
         )
         return self.send_letter(letter)
+
+
+class AioDeadLetters:
+    """Dead letters through a stage's aiokafka producer, counted in its metrics."""
+
+    def __init__(self, producer: Any, topic: str, metrics: Any = None) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.metrics = metrics  # a `workers.metrics.StageMetrics`, or None
+        self.count = 0
+
+    async def send(self, letter: DeadLetter) -> Any:
+        """Enqueue `letter`; the broker's future (await it for the acknowledgement)."""
+        self.count += 1
+        _warn(letter)
+        if self.metrics is not None:
+            self.metrics.dead_letter(letter.error_class, self.topic)
+        return await self._producer.send(
+            self.topic, letter.value, key=letter.key, headers=letter.headers()
+        )
+
+
+def _warn(letter: DeadLetter) -> None:
+    log.warning(
+        "dead-lettering %s[%d]@%d from stage %s: %s (%s): %s",
+        letter.topic, letter.partition, letter.offset, letter.stage,
+        letter.error_class, letter.error_cause, letter.error_message[:200],
+    )  # fmt: skip
 
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:

@@ -27,6 +27,7 @@ import time
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from workers.kafka.aio import make_aio_producer
 from workers.kafka.changelog import ChangelogTable
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.stateful import StageLoop
@@ -93,15 +94,7 @@ class ReplayStage:
 
     async def start_clients(self) -> None:
         """Producer, output ledger and policy tracker (before the loop joins the group)."""
-        self.producer = AIOKafkaProducer(
-            **self.kafka.aiokafka_kwargs(),
-            client_id=f"{self.client_id}-out",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-            max_batch_size=1024 * 1024,
-            max_request_size=self.kafka.max_request_size,
-        )
+        self.producer = make_aio_producer(self.kafka, client_id=f"{self.client_id}-out")
         await self.producer.start()
         self.table.producer = self.producer
         self.ledger = GroupLedger(

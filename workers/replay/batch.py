@@ -39,6 +39,7 @@ from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory
 from schemas.headers import STALENESS
 from schemas.stale import drop_headers
+from workers.kafka.dlq import AioDeadLetters
 from workers.metrics import StageMetrics
 from workers.replay.config import ReplayConfig
 from workers.replay.groups import Decision, PendingGroup, judge
@@ -87,6 +88,7 @@ class GroupProcessor:
         self.ledger = ledger
         self.policy = policy
         self.metrics = metrics or StageMetrics("replay")
+        self.letters = AioDeadLetters(producer, routes.dlq, self.metrics)
         self._open: dict[str, GroupState] = {}  # uid → unfinished group of an owned partition
 
     @property
@@ -290,12 +292,4 @@ class GroupProcessor:
         )
 
     async def _dead_letter(self, message: Any, exc: DecodeError) -> Any:
-        letter = DeadLetter.of_record(STAGE, message, exc, cause=exc.cause)
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s (%s)",
-            letter.topic, letter.partition, letter.offset, letter.error_message[:200], exc.cause,
-        )  # fmt: skip
-        self.metrics.dead_letter(letter.error_class, self.topics.dlq)
-        return await self.producer.send(
-            self.topics.dlq, letter.value, key=letter.key, headers=letter.headers()
-        )
+        return await self.letters.send(DeadLetter.of_record(STAGE, message, exc, cause=exc.cause))

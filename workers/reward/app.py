@@ -26,6 +26,7 @@ from collections.abc import Awaitable
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from workers.kafka.aio import make_aio_producer
 from workers.kafka.changelog import ChangelogTable
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.stateful import StageLoop
@@ -36,7 +37,7 @@ from workers.reward.dispatch import Dispatcher
 from workers.reward.exceptions import RewardError
 from workers.reward.ledger import (
     MAX_OUTPUT_PARTITIONS,
-    OutputLedger,
+    ScoredLedger,
     format_recovery_point,
     parse_recovery_point,
 )
@@ -85,7 +86,7 @@ class RewardStage:
             commit_metadata=self._recovery_point,
         )  # fmt: skip
         self.producer: AIOKafkaProducer | None = None
-        self.ledger: OutputLedger | None = None
+        self.ledger: ScoredLedger | None = None
         self.pool: ScorerPool | None = None
         self.dispatcher: Dispatcher | None = None
         self.processor: TurnProcessor | None = None
@@ -108,23 +109,14 @@ class RewardStage:
     async def start_clients(self) -> None:
         """Producer, ledger, scorer pool and reward-model client (before the group join)."""
         client_id = self.client_id
-        self.producer = AIOKafkaProducer(
-            **self.kafka.aiokafka_kwargs(),
-            client_id=f"{client_id}-out",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=5,
-            # aiokafka's default (16 KiB) puts each trajectory in its own batch.
-            max_batch_size=1024 * 1024,
-            max_request_size=self.kafka.max_request_size,
-        )
+        self.producer = make_aio_producer(self.kafka, client_id=f"{client_id}-out")
         await self.producer.start()
         self.table.producer = self.producer
-        self.ledger = OutputLedger(self.kafka, self.scored_topic, client_id=f"{client_id}-ledger")
+        self.ledger = ScoredLedger(self.kafka, self.scored_topic, client_id=f"{client_id}-ledger")
         await self.ledger.start(self.producer)
-        if self.ledger.partitions > MAX_OUTPUT_PARTITIONS:
+        if self.ledger.partition_count > MAX_OUTPUT_PARTITIONS:
             raise RewardError(
-                f"{self.scored_topic} has {self.ledger.partitions} partitions; the reward stage's"
+                f"{self.scored_topic} has {self.ledger.partition_count} partitions; the reward stage's"
                 f" recovery point (offset commit metadata) holds at most {MAX_OUTPUT_PARTITIONS}"
             )
         if self._needs_pool():
@@ -162,7 +154,7 @@ class RewardStage:
     async def _recovery_point(self) -> str:
         """Commit metadata: `rl.scored`'s end offsets (the loop asks with nothing unsettled)."""
         assert self.ledger is not None
-        return format_recovery_point(await self.ledger.end_offsets())
+        return format_recovery_point(await self.ledger.topic_end_offsets())
 
     async def _on_assigned(self, assigned: frozenset[int]) -> None:
         """Learn which trajectories reached `rl.scored` since the partitions' recovery points."""
@@ -175,13 +167,13 @@ class RewardStage:
         starts: dict[int, int] | None = {}
         for partition in sorted(assigned):
             point = parse_recovery_point(self.loop.committed[partition].metadata)
-            if point is None or len(point) != self.ledger.partitions:
+            if point is None or len(point) != self.ledger.partition_count:
                 starts = None  # never committed by this stage (or another layout): from the start
                 break
             for out, offset in point.items():
                 starts[out] = min(offset, starts.get(out, offset))
         if starts is None:
-            starts = await self.ledger.beginning_offsets()
+            starts = await self.ledger.topic_beginning_offsets()
         for out, offset in sorted(starts.items()):
             processor.recovered |= await self.ledger.emitted_since(out, offset)
         if processor.recovered:

@@ -57,12 +57,13 @@ from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TurnEvent
 from schemas.headers import TRAJECTORY_ID
 from workers.kafka.changelog import ChangelogTable
+from workers.kafka.dlq import AioDeadLetters
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
 from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
-from workers.reward.ledger import OutputLedger
+from workers.reward.ledger import ScoredLedger
 from workers.reward.letters import abandoned_letter, record_letter, trajectory_letter
 from workers.reward.overlong import overlong_penalty
 from workers.reward.stats import RewardStats
@@ -85,7 +86,7 @@ class TurnProcessor:
         table: ChangelogTable,
         *,
         producer: AIOKafkaProducer,
-        ledger: OutputLedger,
+        ledger: ScoredLedger,
         dispatcher: Dispatcher,
         stats: RewardStats,
         metrics: StageMetrics,
@@ -95,6 +96,7 @@ class TurnProcessor:
         self.producer, self.ledger, self.dispatcher = producer, ledger, dispatcher
         self.stats, self.metrics = stats, metrics
         self.turns_topic, self.scored_topic, self.dlq_topic = topics
+        self.letters = AioDeadLetters(producer, self.dlq_topic, metrics)
         self.recovered: set[str] = set()  # trajectory ids on rl.scored since the recovery point
         # Trajectories with turns seen, not yet finished, oldest last write first: key →
         # (its state's last write, partition). One idle past `abandon_after_s` is abandoned.
@@ -247,7 +249,7 @@ class TurnProcessor:
                 assert isinstance(result, RewardError)
                 acks.append(await self._send_letter(trajectory_letter(record, scored, result)))
             else:
-                partition = self.ledger.partition_for(scored.uid)
+                partition = self.ledger.partition_of(scored.uid)
                 acks.append(
                     await self.producer.send(
                         self.scored_topic,
@@ -344,12 +346,4 @@ class TurnProcessor:
         self.stats.timing("t_settle", started)
 
     async def _send_letter(self, letter: DeadLetter) -> Any:
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s (%s): %s",
-            letter.topic, letter.partition, letter.offset,
-            letter.error_class, letter.error_cause, letter.error_message[:200],
-        )  # fmt: skip
-        self.metrics.dead_letter(letter.error_class, self.dlq_topic)
-        return await self.producer.send(
-            self.dlq_topic, letter.value, key=letter.key, headers=letter.headers()
-        )
+        return await self.letters.send(letter)
