@@ -233,7 +233,7 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.trainer.controller import run_controller
+    from workers.llm.replicas.sync import run_controller
 
     stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
     run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)

@@ -86,13 +86,17 @@ def topic_factory(kafka_config: KafkaConfig, unique: Callable[[str], str]) -> Ca
     return create
 
 
+ROLLOUT = (sys.executable, "-m", "pipeline.cli")
+"""The `rollout` command, for tests that start a stage as a subprocess of their own."""
+
+
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """Run `rollout …` as a real subprocess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [*ROLLOUT, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

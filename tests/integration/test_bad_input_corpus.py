@@ -2,9 +2,9 @@
 
 Each stage run starts once over an input topic holding all of its bad cases interleaved with
 valid messages, under a topic prefix of its own: the agent-loop worker in-process (a scripted
-replica, the corpus' tools), three reward stages (`python -m workers.reward`: rule scorer,
+replica, the corpus' tools), three reward stages (`rollout worker reward`: rule scorer,
 custom function in the process pool, custom function in a thread with `on_failure=score`) and
-the replay stage (`python -m workers.replay`) as subprocesses, started together so they
+the replay stage (`rollout worker replay`) as subprocesses, started together so they
 overlap, and the trainer's `TrajectoryConsumer` on `rl.replay`. Then every output, dead
 letter and trajectory is read back and attributed to its case by key/uid:
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -33,13 +32,13 @@ from schemas.codec import decode
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TrainingGroup, TurnEvent
+from tests.conftest import REPO, ROLLOUT
 from tests.corpus.bad_inputs import CASES, Case, Message, replica_script, valid_messages
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 RUNS = [
     ("agent-loop", "default"),
     ("reward", "rule"),
@@ -181,11 +180,10 @@ def _read(kafka: KafkaConfig, topic: str, *, until: Callable[[list[Any]], bool],
 
 
 class StageProcess:
-    """`python -m workers.reward|replay --config …` with a config file of its own."""
+    """`rollout --config … worker reward|replay` with a config file of its own."""
 
-    def __init__(self, module: str, section: dict[str, Any], kafka: KafkaConfig,
+    def __init__(self, name: str, section: dict[str, Any], kafka: KafkaConfig,
                  topics: TopicsConfig, tmp: Path) -> None:  # fmt: skip
-        name = module.rsplit(".", 1)[1]
         config = tmp / f"{name}-{topics.prefix}json"
         config.write_text(json.dumps({"kafka": {"bootstrap_servers": kafka.bootstrap},
                                       "topics": {"prefix": topics.prefix}, name: section}))  # fmt: skip
@@ -193,7 +191,7 @@ class StageProcess:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 # niced: their start-up must not starve the in-process agent-loop worker
-                ["nice", "-n", "10", sys.executable, "-m", module, "--config", str(config)],
+                ["nice", "-n", "10", *ROLLOUT, "--config", str(config), "worker", name],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
@@ -399,7 +397,7 @@ def corpus(kafka_bootstrap: str, tiny_model: Path,
         )
 
     procs = {
-        (stage, run): StageProcess(f"workers.{stage}", _stage_section(stage, run, t, tmp, tiny_model),
+        (stage, run): StageProcess(stage, _stage_section(stage, run, t, tmp, tiny_model),
                                    kafka, t, tmp)
         for (stage, run), t in topics.items() if stage in ("reward", "replay")
     }  # fmt: skip

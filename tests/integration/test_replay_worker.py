@@ -1,4 +1,4 @@
-"""The replay stage against the real broker, run as a subprocess (`python -m workers.replay`).
+"""The replay stage against the real broker, run as a subprocess (`rollout worker replay`).
 
 Scored trajectories are produced by the tests, which lets them produce the edge cases on
 purpose: samples out of order and duplicated, a group too stale for the published policy
@@ -12,7 +12,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -26,16 +25,15 @@ from schemas.codec import decode, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.events import EventBase, PolicyVersion, PromptEvent, ScoredTrajectory, TrainingGroup
 from schemas.headers import DROP_REASON, STALENESS
+from tests.conftest import REPO, ROLLOUT
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 class Worker:
-    """`python -m workers.replay` with a config file of this test; killed on exit."""
+    """`rollout worker replay` with a config file of this test; killed on exit."""
 
     def __init__(self, tmp: Path, kafka: KafkaConfig, topics: TopicsConfig) -> None:
         self.tmp, self.kafka, self.topics = tmp, kafka, topics
@@ -68,7 +66,7 @@ class Worker:
         self.runs += 1
         log = open(self.tmp / f"worker-{self.runs}.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.replay", "--config", str(self.config), "-v"],
+            [*ROLLOUT, "--config", str(self.config), "-v", "worker", "replay"],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

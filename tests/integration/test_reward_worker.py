@@ -1,4 +1,4 @@
-"""The reward stage against the real broker, run as a subprocess (`python -m workers.reward`).
+"""The reward stage against the real broker, run as a subprocess (`rollout worker reward`).
 
 Turn events are produced by the tests (the agent-loop worker is not in the tree yet), which
 also lets them produce the edge cases on purpose: attempts out of order, duplicate
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,12 +24,11 @@ from schemas.codec import decode, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.events import ExtraFields, RewardModelSpec, ScoredTrajectory, TurnEvent
 from schemas.headers import TRAJECTORY_ID
+from tests.conftest import REPO, ROLLOUT
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 pytestmark = pytest.mark.kafka
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +48,7 @@ def tokenizer(tokenizer_dir: Path) -> Any:
 
 
 class Worker:
-    """`python -m workers.reward` with a config file of this test; killed on exit."""
+    """`rollout worker reward` with a config file of this test; killed on exit."""
 
     def __init__(
         self, tmp: Path, kafka: KafkaConfig, topics: TopicsConfig, tokenizer_dir: Path
@@ -89,7 +87,7 @@ class Worker:
         self.runs += 1
         log = open(self.tmp / f"worker-{self.runs}.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.reward", "--config", str(self.config), "-v"],
+            [*ROLLOUT, "--config", str(self.config), "-v", "worker", "reward"],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

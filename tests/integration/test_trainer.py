@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -19,7 +18,7 @@ import yaml
 
 from schemas import headers as h
 from schemas.stale import is_trainer_drop
-from tests.conftest import REPO, ReplicaProcess
+from tests.conftest import REPO, ROLLOUT, ReplicaProcess
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce, read_all
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
@@ -159,7 +158,7 @@ def test_kill_9_between_checkpoints_trains_every_group_exactly_once(
     cfg_file = tmp_path / "trainer.yaml"
     cfg_file.write_text(yaml.safe_dump(stage))
     log = (tmp_path / "trainer.log").open("ab")
-    cmd = [sys.executable, "-m", "workers.trainer", "--config", str(cfg_file), "-v"]
+    cmd = [*ROLLOUT, "--config", str(cfg_file), "-v", "train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     # run 1: 6 groups = 3 steps; checkpoint at 2; step 3 trained but never checkpointed
@@ -210,7 +209,7 @@ def _health_version(address: str) -> int:
 def test_controller_moves_a_replica_to_the_published_version(
     kafka_config: KafkaConfig, topics_config: TopicsConfig, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from workers.trainer.controller import run_controller
+    from workers.llm.replicas.sync import run_controller
 
     replica = ReplicaProcess(tiny_model, "hf-sync", tmp_path)
     try:

@@ -122,7 +122,7 @@ def test_trainer_package_imports_without_torch() -> None:
 
     code = (
         "import sys, workers.trainer, workers.trainer.config, workers.trainer.consumer,"
-        " workers.trainer.controller, workers.trainer.checkpoint, workers.trainer.ledger;"
+        " workers.llm.replicas.sync, workers.trainer.checkpoint, workers.trainer.ledger;"
         "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

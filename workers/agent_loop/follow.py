@@ -9,24 +9,21 @@
 - `rl.replicas`: replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed by
   the replica id); the router adds and drops them.
 
-Each follower runs until cancelled, with its own consumer (no group, nothing committed). An
-undecodable record on the policy or replicas topic is logged and skipped.
+Each follower runs until cancelled, with its own consumer (`workers.kafka.follow`: no group,
+nothing committed, an undecodable record on the policy or replicas topic logged and skipped).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
-from schemas.codec import decode
-from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
 from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.follow import follower, tail
 
 __all__ = ["follow_policy", "follow_replicas", "follow_upstream_drops"]
 
@@ -42,7 +39,7 @@ async def follow_policy(
     client_id: str,
 ) -> None:
     """Feed the trainer's progress to the gate and each published version to `on_version`."""
-    async for event in _tail(kafka, topics.name("policy"), client_id=client_id):
+    async for event in tail(kafka, topics.name("policy"), client_id=client_id):
         if isinstance(event, PolicyVersion):
             gate.observe_trained(event.groups_trained)
             on_version(event.version)
@@ -52,7 +49,7 @@ async def follow_upstream_drops(
     kafka: KafkaConfig, topics: TopicsConfig, gate: AdmissionGate, *, client_id: str
 ) -> None:
     """Count the groups dropped before the trainer (stale topic, no trainer header)."""
-    consumer = _consumer(kafka, topics.name("stale"), client_id=client_id)
+    consumer = follower(kafka, topics.name("stale"), client_id=client_id)
     await consumer.start()
     try:
         async for record in consumer:
@@ -66,35 +63,8 @@ async def follow_replicas(
     kafka: KafkaConfig, topics: TopicsConfig, router: Any, *, client_id: str
 ) -> None:
     """Add and remove the router's replicas as they register on (and leave) the topic."""
-    async for item in _tail(kafka, topics.name("replicas"), client_id=client_id, tombstones=True):
+    async for item in tail(kafka, topics.name("replicas"), client_id=client_id, tombstones=True):
         if isinstance(item, ReplicaInfo):
             router.add_replicas([item])
         elif isinstance(item, bytes):
             router.remove_replicas([item.decode()])
-
-
-def _consumer(kafka: KafkaConfig, topic: str, *, client_id: str) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        topic, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False,
-        client_id=client_id, **kafka.aiokafka_kwargs(),
-    )  # fmt: skip
-
-
-async def _tail(
-    kafka: KafkaConfig, topic: str, *, client_id: str, tombstones: bool = False
-) -> AsyncIterator[Any]:
-    """Decoded events of `topic` from the beginning; with `tombstones`, a tombstone's key."""
-    consumer = _consumer(kafka, topic, client_id=client_id)
-    await consumer.start()
-    try:
-        async for record in consumer:
-            if record.value is None:
-                if tombstones and record.key is not None:
-                    yield record.key
-                continue
-            try:
-                yield decode(record.value)
-            except DecodeError as exc:
-                log.warning("ignoring undecodable record on %s: %s", topic, exc)
-    finally:
-        await consumer.stop()

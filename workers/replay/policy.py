@@ -1,7 +1,6 @@
 """`PolicyTracker`: the latest policy version, read from the compacted `rl.policy` topic.
 
-The tracker reads every partition of the topic from the beginning with a group-less consumer
-(so no committed offset can make it skip the retained latest version), keeps the maximum
+The tracker reads every partition of the topic from the beginning (`workers.kafka.follow`), keeps the maximum
 `PolicyVersion.version` seen (0 before the trainer publishes anything), and follows the topic
 in a background task. `start()` returns only after it has read up to the end offsets it found,
 so the first group judged after a (re)start already sees the latest published version.
@@ -17,12 +16,11 @@ import asyncio
 import contextlib
 import logging
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
-from schemas.codec import decode_as
-from schemas.errors import DecodeError
 from schemas.events import PolicyVersion
 from workers.kafka.config import KafkaConfig
+from workers.kafka.follow import decoded, follower
 
 __all__ = ["PolicyTracker"]
 
@@ -36,13 +34,7 @@ class PolicyTracker:
         self.topic = topic
         self.version = 0
         self.invalid = 0
-        self._consumer = AIOKafkaConsumer(
-            **kafka.aiokafka_kwargs(),
-            client_id=client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
+        self._consumer = follower(kafka, client_id=client_id)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, producer: AIOKafkaProducer, catch_up_timeout_s: float = 60.0) -> None:
@@ -85,14 +77,11 @@ class PolicyTracker:
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=1000)
         for records in batches.values():
             for record in records:
-                try:
-                    event = decode_as(record.value, PolicyVersion)
-                except DecodeError as exc:
+                event = decoded(record)  # logs what does not decode
+                if not isinstance(event, PolicyVersion):
+                    if event is not None:
+                        log.warning("ignoring a %s on %s", type(event).__name__, self.topic)
                     self.invalid += 1
-                    log.warning(
-                        "ignoring %s[%d]@%d: %s",
-                        record.topic, record.partition, record.offset, exc,
-                    )  # fmt: skip
                     continue
                 if event.version > self.version:
                     log.info("policy version %d → %d", self.version, event.version)

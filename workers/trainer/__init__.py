@@ -1,8 +1,8 @@
 """The off-policy trainer stage and the public `TrajectoryConsumer`.
 
 Light on import (no torch): `TrainerConfig` and the consumer load without it; the training
-loop lives in `workers.trainer.trainer` (`run_trainer`), the replica weight-sync controller
-in `workers.trainer.controller` (`run_controller`), the loss in `workers.trainer.loss`.
+loop lives in `workers.trainer.trainer` (`run_trainer`), the loss in `workers.trainer.loss`;
+the replicas' weight-sync controller beside them, in `workers.llm.replicas.sync`.
 """
 
 from workers.trainer.batching import TrajectoryBatch, grpo_advantages

@@ -1,7 +1,6 @@
 """The replica weight-sync controller: `rl.policy` → `POST /update_weights` on one replica.
 
-    python -m workers.trainer.controller --replica http://127.0.0.1:8100 [--bootstrap H:P]
-        [--prefix rl.] [--config stage.yaml]
+    rollout replica sync --replica http://127.0.0.1:8100
 
 or embedded beside a replica: `run_controller(kafka, topics, replica_url, stop_event)` in a
 thread. It reads the compacted policy topic from the beginning without a consumer group
@@ -21,10 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import threading
 import time
 import urllib.error
@@ -33,18 +30,21 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from schemas.codec import decode
-from schemas.errors import DecodeError
+from schemas.errors import RolloutError
 from schemas.events import PolicyVersion
 from workers.kafka.admin import topic_partitions
 from workers.kafka.clients import make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.follow import decoded
 from workers.metrics import StageMetrics
-from workers.trainer.exceptions import TrainerError
 
-__all__ = ["ReplicaSync", "main", "run_controller"]
+__all__ = ["ReplicaSync", "SyncError", "run_controller"]
 
-log = logging.getLogger("rollout.trainer.controller")
+log = logging.getLogger("rollout.replica.sync")
+
+
+class SyncError(RolloutError):
+    """The policy topic cannot be followed (missing, or absent from the metadata)."""
 
 
 class ReplicaSync:
@@ -149,7 +149,7 @@ def run_controller(
     metrics = metrics or StageMetrics("sync")
     metrics.watch(policy_version=lambda: sync.newest.version if sync.newest else 0)
     if topic_partitions(kafka, topic) is None:
-        raise TrainerError(f"topic {topic} does not exist (run `rollout topics create`)")
+        raise SyncError(f"topic {topic} does not exist (run `rollout topics create`)")
     consumer = make_consumer(kafka, group_id=None, name="replica-sync")
     try:
         # The topic exists; a consumer's metadata may still lag its creation by a moment.
@@ -158,7 +158,7 @@ def run_controller(
             if stop_event.is_set():
                 return sync
             if time.monotonic() > deadline:
-                raise TrainerError(f"no partitions of {topic} in the metadata after 30 s")
+                raise SyncError(f"no partitions of {topic} in the metadata after 30 s")
             time.sleep(0.2)
         assigned = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(assigned)
@@ -170,16 +170,7 @@ def run_controller(
             for records in consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).values():
                 for record in records:
                     metrics.consumed(topic)
-                    if record.value is None:
-                        continue
-                    try:
-                        event = decode(record.value)
-                    except DecodeError as exc:
-                        log.warning(
-                            "ignoring undecodable record on %s@%d: %s", topic, record.offset, exc
-                        )
-                        continue
-                    if isinstance(event, PolicyVersion):
+                    if isinstance(event := decoded(record), PolicyVersion):
                         sync.observe(event)
             now = time.monotonic()
             if sync.served is None or now - last_health > health_interval_s:
@@ -194,49 +185,3 @@ def run_controller(
     finally:
         consumer.close()
     return sync
-
-
-def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    import yaml
-    from pydantic import ValidationError
-
-    parser = argparse.ArgumentParser(
-        prog="python -m workers.trainer.controller", description=__doc__
-    )
-    parser.add_argument("--replica", required=True, help="Base URL of the replica to keep in sync.")
-    parser.add_argument("--config", help="YAML with kafka/topics sections.")
-    parser.add_argument("--bootstrap", help="Kafka bootstrap servers.")
-    parser.add_argument("--prefix", help="Topic prefix (topics.prefix).")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    data: dict[str, Any] = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    kafka_data, topics_data = dict(data.get("kafka") or {}), dict(data.get("topics") or {})
-    if args.bootstrap:
-        kafka_data["bootstrap_servers"] = args.bootstrap
-    if args.prefix:
-        topics_data["prefix"] = args.prefix
-    try:
-        kafka, topics = KafkaConfig(**kafka_data), TopicsConfig(**topics_data)
-    except ValidationError as exc:
-        print(f"invalid configuration:\n{exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        run_controller(kafka, topics, args.replica, stop)
-    except KeyboardInterrupt:
-        stop.set()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
