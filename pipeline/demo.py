@@ -79,11 +79,11 @@ def demo_config(
             "llm": {"health_interval_s": 1.0, "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0},
             "admission": {"max_staleness": staleness, "train_batch_size": recipe.train_batch_size},
         },
-        "reward": {"app_id": f"{prefix}reward", "tokenizer": str(model_dir), "batch_within_s": 0.1,
+        "reward": {"group_id": f"{prefix}reward", "tokenizer": str(model_dir), "batch_within_s": 0.1,
                    "commit_interval_s": 0.5,
                    "overlong": {"buffer_len": recipe.overlong_buffer,
                                 "penalty_factor": recipe.overlong_penalty}},
-        "replay": {"app_id": f"{prefix}replay", "n": recipe.n,
+        "replay": {"group_id": f"{prefix}replay", "n": recipe.n,
                    "drop_zero_variance": recipe.drop_zero_variance,
                    "max_staleness": staleness, "batch_within_s": 0.1, "commit_interval_s": 0.5},
         "trainer": {"model_dir": str(model_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
@@ -300,8 +300,8 @@ def train_stages(
     t = cfg.topics.name
     specs = [
         StageSpec("agent-loop", cfg.agent_loop.group_id, t("prompts"), (t("turns"),)),
-        StageSpec("reward", cfg.reward.app_id, t("turns"), (t("scored"),)),
-        StageSpec("replay", cfg.replay.app_id, t("scored"), (t("replay"), t("stale")), recipe.n),
+        StageSpec("reward", cfg.reward.group_id, t("turns"), (t("scored"),)),
+        StageSpec("replay", cfg.replay.group_id, t("scored"), (t("replay"), t("stale")), recipe.n),
         StageSpec("trainer", cfg.trainer.group_id, t("replay"), (t("policy"),)),
     ]
     metrics = Path(cfg.trainer.metrics_path)

@@ -215,7 +215,7 @@ def _run_stage(
     config = {
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "topics": {"prefix": topics.prefix},
-        "reward": {"app_id": f"{topics.prefix}reward", "tokenizer": tok_dir,
+        "reward": {"group_id": f"{topics.prefix}reward", "tokenizer": tok_dir,
                    "data_sources": {"openai/gsm8k": "gsm8k"}, "session_timeout_s": 10,
                    "stats_path": str(tmp / "stats.json"), "batch_size": batch_size},
     }  # fmt: skip

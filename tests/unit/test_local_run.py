@@ -25,7 +25,7 @@ def test_every_stage_shares_the_prefix_model_and_bounds() -> None:
     )  # fmt: skip
     assert cfg.topics.name("prompts") == "run7.prompts"
     assert cfg.agent_loop.group_id == "run7.agent-loop" and cfg.trainer.group_id == "run7.trainer"
-    assert cfg.reward.app_id == "run7.reward" and cfg.replay.app_id == "run7.replay"
+    assert cfg.reward.group_id == "run7.reward" and cfg.replay.group_id == "run7.replay"
     assert cfg.agent_loop.model == cfg.reward.tokenizer == cfg.trainer.model_dir == "/m"
     assert cfg.agent_loop.admission.max_staleness == cfg.replay.max_staleness == 1
     assert cfg.trainer.max_staleness == 1 and cfg.trainer.max_steps == 3

@@ -17,7 +17,7 @@ partition when the group rebalances. This module is that machinery, and only tha
   the next is processed. One lock is held around each batch and taken by the rebalance
   listener, so a rebalance waits for the batch in flight, lets every batch settle, commits,
   and then drops the revoked partitions' state; newly assigned partitions are restored
-  before the first fetch from them. With `idle_s` set, `process([])` runs that often when
+  before the first fetch from them. With `sweep_interval_s` set, `process([])` runs that often when
   nothing arrives (the replay stage expires groups there, the reward stage sweeps its table).
 - Commit metadata (optional, `commit_metadata`): a stage can attach a string to every offset
   commit, computed when no batch is unsettled, and read what was committed with each
@@ -89,7 +89,7 @@ class StageLoop:
         batch_within_s: float,
         commit_interval_s: float,
         session_timeout_s: float,
-        idle_s: float | None = None,
+        sweep_interval_s: float | None = None,
         commit_metadata: CommitMetadata | None = None,
     ) -> None:
         self.stage, self.topic, self.tables = stage, topic, tables
@@ -98,7 +98,7 @@ class StageLoop:
         self.process, self.on_assigned = process, on_assigned
         self.commit_metadata = commit_metadata
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
-        self.commit_interval_s, self.idle_s = commit_interval_s, idle_s
+        self.commit_interval_s, self.sweep_interval_s = commit_interval_s, sweep_interval_s
         self._consumer_kwargs = dict(
             **kafka.aiokafka_consumer_kwargs(group_id=group_id),
             client_id=f"{kafka.client_id}-{group_id}",
@@ -157,7 +157,10 @@ class StageLoop:
                 records = await self._fetch()
                 async with self._lock:
                     records = [r for r in records if r.partition in self.assigned]
-                    idle = self.idle_s is not None and time.monotonic() - last_batch >= self.idle_s
+                    idle = (
+                        self.sweep_interval_s is not None
+                        and time.monotonic() - last_batch >= self.sweep_interval_s
+                    )
                     if records or (idle and self.assigned):
                         await self._process(records)
                         last_batch = time.monotonic()
@@ -172,7 +175,7 @@ class StageLoop:
     async def _fetch(self) -> list[ConsumerRecord]:
         """One batch: wait up to a second for a first record, then fill for `batch_within_s`."""
         assert self.consumer is not None
-        wait = min(1.0, self.idle_s) if self.idle_s is not None else 1.0
+        wait = min(1.0, self.sweep_interval_s) if self.sweep_interval_s is not None else 1.0
         got = await self.consumer.getmany(timeout_ms=int(wait * 1000), max_records=self.batch_size)
         records = [r for rs in got.values() for r in rs]
         deadline = time.monotonic() + self.batch_within_s

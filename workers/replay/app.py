@@ -3,7 +3,7 @@
 The loop (`workers.kafka.stateful`) consumes `rl.scored` as one consumer group, in batches;
 `batch.GroupProcessor` does the work of each batch and returns only when everything it
 caused is acknowledged, and only then are the batch's offsets committed (at-least-once on
-the input). When no sample arrives for `tick_interval_s`, the loop calls the processor with
+the input). When no sample arrives for `sweep_interval_s`, the loop calls the processor with
 an empty batch, so groups past `group_timeout_s` expire without traffic. The groups of the
 owned partitions live in a `ChangelogTable` (`table`), restored from its compacted
 changelog on start and whenever the group's assignment changes.
@@ -64,15 +64,12 @@ class ReplayStage:
         self.dlq_topic = topics.name("dlq")
         self.stats = ReplayStats(config.stats_path)
         self.metrics = metrics or StageMetrics("replay")
-        self.client_id = f"{kafka.client_id}-{config.app_id}"
+        self.client_id = f"{kafka.client_id}-{config.group_id}"
         store = ChangelogTable(kafka, config.changelog_topic, client_id=self.client_id)
         self.table = GroupTable(store)
         self.loop = StageLoop(
-            kafka, stage="replay", group_id=config.app_id, topic=self.scored_topic,
-            tables=[store], process=self.process, on_assigned=self._on_assigned,
-            batch_size=config.batch_size, batch_within_s=config.batch_within_s,
-            commit_interval_s=config.commit_interval_s,
-            session_timeout_s=config.session_timeout_s, idle_s=config.tick_interval_s,
+            kafka, stage="replay", topic=self.scored_topic, tables=[store],
+            process=self.process, on_assigned=self._on_assigned, **config.loop_settings(),
         )  # fmt: skip
         self.producer: AIOKafkaProducer | None = None
         self.ledger: GroupLedger | None = None

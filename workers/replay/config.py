@@ -9,26 +9,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from schemas.stale import StalePolicy
+from workers.kafka.stage_config import StageLoopConfig, group_id_field, sweep_interval_field
 
 __all__ = ["PartialPolicy", "ReplayConfig", "StalePolicy"]
 
 PartialPolicy = Literal["emit", "drop"]
 
 
-class ReplayConfig(BaseModel):
+class ReplayConfig(StageLoopConfig):
     """The replay-buffer stage: `rl.scored` → `TrainingGroup`s on `rl.replay` (or `rl.stale`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    app_id: str = Field(
-        default="rollout-replay",
-        min_length=1,
-        pattern=r"^[A-Za-z0-9._-]+$",
-        description="Consumer group id, and the prefix of the stage's changelog topic.",
-    )
+    group_id: str = group_id_field("rollout-replay")
+    batch_size: int = Field(default=256, ge=1, le=65536, description="Most samples per batch.")
+    sweep_interval_s: float = sweep_interval_field(
+        5.0, "With no sample arriving, how often the stage still expires groups (also read as"
+        " tick_interval_s).",
+        "tick_interval_s", le=600,
+    )  # fmt: skip
     n: int = Field(default=4, ge=1, le=1024, description="Group size of samples that carry none.")
     group_timeout_s: float = Field(
         default=600.0,
@@ -56,35 +56,16 @@ class ReplayConfig(BaseModel):
         default=True, description="GRPO: divide by the group's std; False is Dr. GRPO."
     )
     adv_eps: float = Field(default=1e-6, gt=0, le=1.0, description="Added to std when dividing.")
-    batch_size: int = Field(default=256, ge=1, le=65536, description="Most samples per batch.")
-    batch_within_s: float = Field(
-        default=0.2, gt=0, le=60, description="How long a batch may wait to fill once begun."
-    )
-    tick_interval_s: float = Field(
-        default=5.0,
-        gt=0,
-        le=600,
-        description="With no sample arriving, how often the stage still expires groups.",
-    )
-    commit_interval_s: float = Field(
-        default=2.8, gt=0, le=60, description="Most seconds between offset commits."
-    )
-    session_timeout_s: float = Field(
-        default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
-    )
-    stats_path: str | None = Field(
-        default=None, description="Write the stage's counters here as JSON after each batch."
-    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ReplayConfig:
         if self.drop_zero_variance and self.n < 2:
             raise ValueError("drop_zero_variance needs n >= 2 (a single sample has no variance)")
-        if self.tick_interval_s > self.group_timeout_s:
-            raise ValueError("tick_interval_s must not exceed group_timeout_s")
+        if self.sweep_interval_s > self.group_timeout_s:
+            raise ValueError("sweep_interval_s (tick_interval_s) must not exceed group_timeout_s")
         return self
 
     @property
     def changelog_topic(self) -> str:
         """The compacted topic the stage's groups are kept in (as many partitions as rl.scored)."""
-        return f"{self.app_id}-groups-changelog"
+        return f"{self.group_id}-groups-changelog"

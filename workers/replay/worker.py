@@ -52,6 +52,6 @@ def run_worker(
 
     stage = ReplayStage(kafka, topics, config, metrics=metrics)
     log.info(
-        "replay stage %s on %s (%d partitions), n=%d", config.app_id, scored, partitions, config.n
+        "replay stage %s on %s (%d partitions), n=%d", config.group_id, scored, partitions, config.n
     )
     return asyncio.run(stage.run())

@@ -75,15 +75,12 @@ class RewardStage:
         self.metrics.watch(
             in_flight=lambda: len(self.processor.assembling) if self.processor else 0
         )
-        self.client_id = f"{kafka.client_id}-{config.app_id}"
+        self.client_id = f"{kafka.client_id}-{config.group_id}"
         self.table = ChangelogTable(kafka, config.changelog_topic, client_id=self.client_id)
         self.loop = StageLoop(
-            kafka, stage="reward", group_id=config.app_id, topic=self.turns_topic_name,
-            tables=[self.table], process=self.process, on_assigned=self._on_assigned,
-            batch_size=config.batch_size, batch_within_s=config.batch_within_s,
-            commit_interval_s=config.commit_interval_s,
-            session_timeout_s=config.session_timeout_s, idle_s=config.sweep_interval_s,
-            commit_metadata=self._recovery_point,
+            kafka, stage="reward", topic=self.turns_topic_name, tables=[self.table],
+            process=self.process, on_assigned=self._on_assigned,
+            commit_metadata=self._recovery_point, **config.loop_settings(),
         )  # fmt: skip
         self.producer: AIOKafkaProducer | None = None
         self.ledger: ScoredLedger | None = None

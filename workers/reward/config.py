@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.kafka.stage_config import StageLoopConfig, group_id_field, sweep_interval_field
 from workers.reward.overlong import OverlongConfig
 
 __all__ = [
@@ -98,29 +99,18 @@ class RewardModelConfig(BaseModel):
     max_batch: int = Field(default=64, ge=1, le=4096, description="Sequences per request.")
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(StageLoopConfig):
     """The reward stage: `rl.turns` → assembled, scored trajectories on `rl.scored`."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    app_id: str = Field(
-        default="rollout-reward",
-        min_length=1,
-        pattern=r"^[A-Za-z0-9._-]+$",
-        description="Consumer group id, and the prefix of the stage's changelog topic.",
+    group_id: str = group_id_field("rollout-reward")
+    batch_size: int = Field(default=1024, ge=1, le=65536, description="Most turns per batch.")
+    sweep_interval_s: float = sweep_interval_field(
+        30.0,
+        "With no turns arriving for this long, the stage still sweeps its table: it expires"
+        " finished trajectories and abandons stuck ones (every batch sweeps too).",
     )
     tokenizer: str | None = Field(
         default=None, description="Directory for AutoTokenizer.from_pretrained (decodes responses)."
-    )
-    batch_size: int = Field(default=1024, ge=1, le=65536, description="Most turns per batch.")
-    batch_within_s: float = Field(
-        default=0.2, gt=0, le=60, description="How long a batch may wait to fill once begun."
-    )
-    commit_interval_s: float = Field(
-        default=2.8, gt=0, le=60, description="Most seconds between offset commits."
-    )
-    session_timeout_s: float = Field(
-        default=30.0, ge=6, le=300, description="Consumer group session/rebalance timeout."
     )
     done_retention_s: float = Field(
         default=3600.0,
@@ -139,15 +129,6 @@ class RewardConfig(BaseModel):
             " agent loop died, or its attempt was never restarted): each turn it holds goes to"
             " rl.dlq byte for byte (cause 'abandoned'), and its state is deleted from the table"
             " and its changelog."
-        ),
-    )
-    sweep_interval_s: float = Field(
-        default=30.0,
-        gt=0,
-        le=3600,
-        description=(
-            "With no turns arriving for this long, the stage still sweeps its table: it expires"
-            " finished trajectories and abandons stuck ones (every batch sweeps too)."
         ),
     )
     pool_workers: int = Field(default=2, ge=1, le=256, description="Scorer pool processes.")
@@ -171,9 +152,6 @@ class RewardConfig(BaseModel):
         default_factory=lambda: dict(DEFAULT_DATA_SOURCES),
         description="data_source → rule scorer; unknown ones are dead-lettered.",
     )
-    stats_path: str | None = Field(
-        default=None, description="Write the stage's counters here as JSON after each batch."
-    )
 
     @model_validator(mode="after")
     def _dispatch(self) -> RewardConfig:
@@ -190,7 +168,7 @@ class RewardConfig(BaseModel):
     @property
     def changelog_topic(self) -> str:
         """The compacted topic trajectory states are kept in (as many partitions as rl.turns)."""
-        return f"{self.app_id}-trajectories-changelog"
+        return f"{self.group_id}-trajectories-changelog"
 
     def missing_for_start(self) -> str | None:
         """What the stage lacks to start (checked at start, so defaults stay valid)."""

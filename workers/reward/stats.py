@@ -17,28 +17,20 @@ acknowledgements, overlapped with the next batch).
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
+
+from workers.kafka.stage_stats import StageStats
 
 __all__ = ["RewardStats"]
 
 
-class RewardStats:
-    """Monotonic counters of the stage, plus timing of the last batch."""
+class RewardStats(StageStats):
+    """The stage's counters, plus its timers."""
 
     def __init__(self, path: str | None = None) -> None:
-        self.counts: Counter[str] = Counter()
-        self.path = Path(path) if path else None
-        self.started = time.time()
-        self.last_batch_s = 0.0
+        super().__init__(path)
         self.seconds: dict[str, float] = {}
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.counts[name] += n
 
     def timing(self, name: str, since: float) -> float:
         """Add the seconds since `since` to timer `name`; return now (monotonic)."""
@@ -46,20 +38,5 @@ class RewardStats:
         self.seconds[name] = self.seconds.get(name, 0.0) + now - since
         return now
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            **dict(sorted(self.counts.items())),
-            **{k: round(v, 3) for k, v in sorted(self.seconds.items())},
-            "uptime_s": round(time.time() - self.started, 3),
-            "last_batch_s": round(self.last_batch_s, 4),
-            "pid": os.getpid(),
-        }
-
-    def write(self, extra: dict[str, Any] | None = None) -> None:
-        """Write the snapshot atomically to `path` (if one is set)."""
-        if self.path is None:
-            return
-        data = {**self.snapshot(), **(extra or {})}
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+    def extra_snapshot(self) -> dict[str, Any]:
+        return {k: round(v, 3) for k, v in sorted(self.seconds.items())}

@@ -93,6 +93,6 @@ def run_worker(
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     stage = RewardStage(kafka, topics, config, tokenizer=tokenizer, metrics=metrics)
     log.info(
-        "reward stage %s on %s (%d partitions)", config.app_id, topics.name("turns"), partitions
+        "reward stage %s on %s (%d partitions)", config.group_id, topics.name("turns"), partitions
     )
     return asyncio.run(stage.run())
