@@ -35,6 +35,7 @@ from typing import Any
 
 from pipeline.config import RunConfig, load_config
 from pipeline.demo_recipe import DemoRecipe
+from pipeline.local_run import merge
 
 __all__ = [
     "demo_config",
@@ -96,18 +97,8 @@ def demo_config(
                     "mask_truncated": recipe.mask_truncated},
     }  # fmt: skip
     for section, values in updates.items():
-        data[section] = _merge(data.get(section, {}), values)
+        data[section] = merge(data.get(section, {}), values)
     return RunConfig(**data)
-
-
-def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def prepare_model(

@@ -25,7 +25,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
@@ -276,12 +275,7 @@ class LocalPipeline:
             self.stop()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def summary(self) -> dict[str, Any]:

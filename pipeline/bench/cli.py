@@ -7,8 +7,10 @@ shared and noisy; absolute times mean little). Heavy modules are imported inside
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +18,65 @@ from pipeline.config import RunConfig
 
 __all__ = ["add_bench_parsers"]
 
-
-def cmd_bench_serialization(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.serialization import run
-
-    result = run(tokens=args.tokens, rounds=args.rounds)
-    _emit(result, args.json)
-    return 0
+Handler = Callable[[argparse.Namespace, RunConfig], int]
 
 
-def cmd_bench_router(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.router import run
+def _bench(
+    module: str,
+    *names: str,
+    kafka: bool = False,
+    model: str | None = None,
+    extra: Callable[[argparse.Namespace, RunConfig], dict[str, Any]] | None = None,
+) -> Handler:
+    """The handler of a benchmark that is `pipeline.bench.<module>.run(...)` of its flags.
 
-    _emit(run(replicas=args.replicas, ids=args.ids), args.json)
-    return 0
+    `names`: keyword arguments taken from the flags of the same name (`kw=flag` to rename);
+    `kafka`: the run's `KafkaConfig` goes first; `model`: that flag (`model` or `tokenizer`)
+    must name a model directory when given; `extra`: more keyword arguments.
+    """
+
+    def handler(args: argparse.Namespace, cfg: RunConfig) -> int:
+        if model is not None:
+            _checked_model(args, model)
+        run = importlib.import_module(f"pipeline.bench.{module}").run
+        kwargs = {
+            kw: getattr(args, flag or kw) for kw, _, flag in (n.partition("=") for n in names)
+        }
+        kwargs.update(extra(args, cfg) if extra else {})
+        _emit(run(*([cfg.kafka] if kafka else []), **kwargs), args.json)
+        return 0
+
+    return handler
+
+
+cmd_bench_serialization = _bench("serialization", "tokens", "rounds")
+cmd_bench_router = _bench("router", "replicas", "ids")
+cmd_bench_prefix = _bench(
+    "prefix", "model_dir=model", "conversations", "concurrency", "system_tokens", "task_tokens",
+    model="model",
+)  # fmt: skip
+cmd_bench_reward = _bench(
+    "reward", "trajectories", "turns", "tokens", "pool_workers", "batch_size", "tokenizer",
+    kafka=True, model="tokenizer",
+)  # fmt: skip
+cmd_bench_async = _bench(
+    "async_speedup", "steps", "batch", "n", "max_tokens", "model_dir=model", kafka=True,
+    model="model",
+)  # fmt: skip
+cmd_bench_agent_loop = _bench(
+    "agent_loop", "prompts", "rounds", "model_dir=model", kafka=True, model="model"
+)
+cmd_bench_vllm = _bench(
+    "vllm", "requests", "concurrency", "max_tokens", "rounds", "model_dir=model", "log_dir",
+    kafka=True, extra=lambda args, cfg: {"vllm_python": args.vllm_python or cfg.vllm.python},
+)  # fmt: skip
+cmd_bench_pipeline = _bench(
+    "end_to_end", "prompts", "n", "max_tokens", "replicas", "raw_messages", "model_dir=model",
+    kafka=True, model="model",
+)  # fmt: skip
+cmd_bench_train_step = _bench(
+    "train_step", "groups", "n", "response_tokens", "mini_batches", "epochs", "rounds"
+)
 
 
 def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -45,81 +92,6 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
 
             model = str(init_model(Path(tmp) / "model", preset="tiny", seed=0))
         _emit(run(model, concurrency=args.concurrency), args.json)
-    return 0
-
-
-def cmd_bench_prefix(args: argparse.Namespace, cfg: RunConfig) -> int:
-    _checked_model(args)
-    from pipeline.bench.prefix import run
-
-    result = run(
-        args.model,
-        conversations=args.conversations,
-        concurrency=args.concurrency,
-        system_tokens=args.system_tokens,
-        task_tokens=args.task_tokens,
-    )
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
-    _checked_model(args, "tokenizer")
-    from pipeline.bench.reward import run
-
-    result = run(
-        cfg.kafka, trajectories=args.trajectories, turns=args.turns, tokens=args.tokens,
-        pool_workers=args.pool_workers, batch_size=args.batch_size, tokenizer=args.tokenizer,
-    )  # fmt: skip
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_async(args: argparse.Namespace, cfg: RunConfig) -> int:
-    _checked_model(args)
-    from pipeline.bench.async_speedup import run
-
-    result = run(
-        cfg.kafka,
-        steps=args.steps,
-        batch=args.batch,
-        n=args.n,
-        max_tokens=args.max_tokens,
-        model_dir=args.model,
-    )
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
-    _checked_model(args)
-    from pipeline.bench.agent_loop import run
-
-    _emit(run(cfg.kafka, prompts=args.prompts, rounds=args.rounds, model_dir=args.model), args.json)
-    return 0
-
-
-def cmd_bench_vllm(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.vllm import run
-
-    result = run(
-        cfg.kafka, requests=args.requests, concurrency=args.concurrency,
-        max_tokens=args.max_tokens, rounds=args.rounds, model_dir=args.model,
-        vllm_python=args.vllm_python or cfg.vllm.python, log_dir=args.log_dir,
-    )  # fmt: skip
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_pipeline(args: argparse.Namespace, cfg: RunConfig) -> int:
-    _checked_model(args)
-    from pipeline.bench.end_to_end import run
-
-    result = run(
-        cfg.kafka, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
-        replicas=args.replicas, raw_messages=args.raw_messages, model_dir=args.model,
-    )  # fmt: skip
-    _emit(result, args.json)
     return 0
 
 
@@ -153,15 +125,6 @@ def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     result = run(cfg, runs=args.runs, staleness=staleness, recipe=recipe, seed=args.seed,
                  target=args.target, out_dir=args.out, progress=progress)  # fmt: skip
-    _emit(result, args.json)
-    return 0
-
-
-def cmd_bench_train_step(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.bench.train_step import run
-
-    result = run(groups=args.groups, n=args.n, response_tokens=args.response_tokens,
-                 mini_batches=args.mini_batches, epochs=args.epochs, rounds=args.rounds)  # fmt: skip
     _emit(result, args.json)
     return 0
 

@@ -80,13 +80,8 @@ class GroupProcessor:
         policy: PolicyTracker,
         metrics: StageMetrics | None = None,
     ) -> None:
-        self.config = config
-        self.table = table
-        self.stats = stats
-        self.topics = routes
-        self.producer = producer
-        self.ledger = ledger
-        self.policy = policy
+        self.config, self.table, self.stats, self.topics = config, table, stats, routes
+        self.producer, self.ledger, self.policy = producer, ledger, policy
         self.metrics = metrics or StageMetrics("replay")
         self.letters = AioDeadLetters(producer, routes.dlq, self.metrics)
         self._open: dict[str, GroupState] = {}  # uid → unfinished group of an owned partition

@@ -78,7 +78,8 @@ class BaseTool(ABC):
     `create`/`release`, which store the create kwargs per instance in `self.instances`.
 
     `default_schema` (a class attribute) is used when the config gives no `tool_schema`.
-    `config` holds the entry's `config:` mapping from the tool YAML.
+    `config` holds the entry's `config:` mapping from the tool YAML; a tool that validates or
+    keeps settings from it does so in `setup()`, which the constructor calls last.
     """
 
     default_schema: ClassVar[ToolSchema | None] = None
@@ -97,6 +98,10 @@ class BaseTool(ABC):
             schema if isinstance(schema, ToolSchema) else ToolSchema.model_validate(schema)
         )
         self.instances: dict[str, dict[str, Any]] = {}
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 (a hook: most tools keep no settings)
+        """Read `self.config` (raise `ValueError` naming what is wrong); nothing by default."""
 
     @property
     def name(self) -> str:

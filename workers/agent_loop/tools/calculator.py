@@ -204,12 +204,7 @@ class CalculatorTool(BaseTool):
         )
     )
 
-    def __init__(
-        self,
-        config: Mapping[str, Any] | None = None,
-        schema: ToolSchema | Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(config=config, schema=schema)
+    def setup(self) -> None:
         try:
             self.limits = CalculatorConfig.model_validate(self.config)
         except ValidationError as exc:

@@ -93,12 +93,7 @@ class CodeInterpreterTool(BaseTool):
         )
     )
 
-    def __init__(
-        self,
-        config: Mapping[str, Any] | None = None,
-        schema: ToolSchema | Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(config=config, schema=schema)
+    def setup(self) -> None:
         options = dict(self.config)
         self.max_code_chars = int(options.pop("max_code_chars", 100_000))
         try:

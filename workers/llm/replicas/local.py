@@ -15,7 +15,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 __all__ = ["LocalReplicas", "free_port"]
 
@@ -129,10 +128,5 @@ class LocalReplicas:
     def __enter__(self) -> LocalReplicas:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
