@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.bench.cli import add_bench_parsers
 from pipeline.chaos.__main__ import add_arguments as add_chaos_arguments
-from pipeline.cli_kafka import add_kafka_parsers, print_json
+from pipeline.cli_kafka import add_kafka_parsers, failed, print_json
 from pipeline.cli_stages import add_stage_parsers, checked_model_dir
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from pipeline.load.cli import add_load_parser
@@ -352,14 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: {exc}", file=sys.stderr)
         return 2
     except RolloutError as exc:
-        print(f"rollout: error: {exc}", file=sys.stderr)
-        return 1
+        return failed(str(exc))
     except _client_errors() as exc:
         # A Kafka client's error that no command translated: still the user's broker or
         # network, so one line, not a traceback.
         where = f" at {cfg.kafka.bootstrap}" if cfg is not None else ""
-        print(f"rollout: error: Kafka{where}: {exc}", file=sys.stderr)
-        return 1
+        return failed(f"Kafka{where}: {exc}")
     except KeyboardInterrupt:
         print("rollout: interrupted", file=sys.stderr)
         return 130

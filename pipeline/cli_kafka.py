@@ -17,6 +17,12 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data) + "\n")
 
 
+def failed(message: str, status: int = 1) -> int:
+    """Say `rollout: error: message` on stderr (one line, no traceback); return `status`."""
+    print(f"rollout: error: {message}", file=sys.stderr)
+    return status
+
+
 def port(text: str) -> int:
     """An argparse type: a TCP port, 1-65535 (a usage line, not a traceback, otherwise)."""
     value = int(text)

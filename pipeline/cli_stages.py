@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli_kafka import port, print_json
+from pipeline.cli_kafka import failed, port, print_json
 from pipeline.config import ConfigError, RunConfig
 
 __all__ = ["add_stage_parsers", "checked_model_dir"]
@@ -110,7 +110,6 @@ def _require_topic(cfg: RunConfig, role: str, why: str) -> None:
 def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     import asyncio
     import signal
-    import sys
 
     # A SIGTERM that arrives while the worker is still importing or connecting is a request
     # to stop, honoured gracefully once it runs (exit 0), not a crash.
@@ -144,19 +143,16 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         try:
             await worker.run()
         except KafkaUnavailableError as exc:
-            print(f"rollout: error: {exc}", file=sys.stderr)
-            return 75
+            return failed(str(exc), 75)
         except KafkaError as exc:
             # The broker is down or unreachable (at start, or a client gave up): nothing was
             # committed past what is done, so starting again later is the whole remedy.
-            print(f"rollout: error: Kafka at {cfg.kafka.bootstrap}: {exc}", file=sys.stderr)
-            return 75
+            return failed(f"Kafka at {cfg.kafka.bootstrap}: {exc}", 75)
         # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
         # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
-        if failed := worker.counters["prompts_failed"]:
-            print(f"rollout: error: stopped after {failed} prompt(s) failed (logged above); "
-                  "they are redelivered when a worker starts again", file=sys.stderr)  # fmt: skip
-            return 75
+        if lost := worker.counters["prompts_failed"]:
+            return failed(f"stopped after {lost} prompt(s) failed (logged above); they are "
+                          "redelivered when a worker starts again", 75)  # fmt: skip
         return 0
 
     return asyncio.run(main())

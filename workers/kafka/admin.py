@@ -19,7 +19,7 @@ from schemas.errors import RolloutError
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["ensure_changelog", "missing_topics", "topic_partitions"]
+__all__ = ["ensure_changelog", "missing_topics", "prepare_stage", "topic_partitions"]
 
 log = logging.getLogger("rollout.kafka.admin")
 
@@ -74,3 +74,25 @@ def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partit
         raise RolloutError(
             f"changelog topic {name} has {existing} partitions, its source topic {partitions}"
         )
+
+
+def prepare_stage(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    *,
+    source: str,
+    changelog: str,
+    needs: Sequence[str] = (),
+    error: type[RolloutError] = RolloutError,
+) -> int:
+    """Before a stateful stage starts: the partitions of its `source` role's topic, once the
+    topics of `needs` (roles) are known to exist and its `changelog` has as many partitions.
+    `error(message)` for a topic that does not exist."""
+    counts = {role: topic_partitions(kafka, topics.name(role)) for role in (source, *needs)}
+    for role, count in counts.items():
+        if count is None:
+            raise error(f"topic {topics.name(role)} does not exist (run `rollout topics create`)")
+    partitions = counts[source]
+    assert partitions is not None
+    ensure_changelog(kafka, topics, changelog, partitions)
+    return partitions

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from workers.kafka.admin import ensure_changelog, topic_partitions
+from workers.kafka.admin import prepare_stage
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.replay.config import ReplayConfig
 from workers.replay.exceptions import ReplayError
@@ -37,16 +37,11 @@ def run_worker(
 
     `metrics`: the process's `StageMetrics("replay")` (served by the caller), else its own.
     """
+    partitions = prepare_stage(
+        kafka, topics, source="scored", changelog=config.changelog_topic,
+        needs=("replay", "stale", "policy", "dlq"), error=ReplayError,
+    )  # fmt: skip
     scored = topics.name("scored")
-    partitions = topic_partitions(kafka, scored)
-    if partitions is None:
-        raise ReplayError(f"topic {scored} does not exist (run `rollout topics create`)")
-    for role in ("replay", "stale", "policy", "dlq"):
-        if topic_partitions(kafka, topics.name(role)) is None:
-            raise ReplayError(
-                f"topic {topics.name(role)} does not exist (run `rollout topics create`)"
-            )
-    ensure_changelog(kafka, topics, config.changelog_topic, partitions)
 
     from workers.replay.app import ReplayStage
 

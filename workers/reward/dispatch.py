@@ -31,12 +31,7 @@ import numpy as np
 from workers.imports import import_object
 from workers.reward.assembler import Assembled
 from workers.reward.config import RewardConfig
-from workers.reward.exceptions import (
-    RewardError,
-    ScorerError,
-    ScorerTimeout,
-    UnknownDataSource,
-)
+from workers.reward.exceptions import RewardError, ScorerError, ScorerTimeout, UnknownDataSource
 from workers.reward.pool import ScorerPool
 from workers.reward.rm_client import RewardModelClient
 from workers.reward.scorers.gsm8k import CLIP_CHARS, gsm8k_score

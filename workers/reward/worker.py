@@ -20,19 +20,9 @@ from workers.reward.exceptions import RewardError
 if TYPE_CHECKING:
     from workers.metrics import StageMetrics
 
-__all__ = ["FastDetokenizer", "load_tokenizer", "run_worker", "source_partitions"]
+__all__ = ["FastDetokenizer", "load_tokenizer", "run_worker"]
 
 log = logging.getLogger("rollout.reward")
-
-
-def source_partitions(kafka: KafkaConfig, topic: str) -> int:
-    """Partitions of `topic` on the broker; `RewardError` if it does not exist."""
-    from workers.kafka.admin import topic_partitions
-
-    partitions = topic_partitions(kafka, topic)
-    if partitions is None:
-        raise RewardError(f"topic {topic} does not exist (run `rollout topics create`)")
-    return partitions
 
 
 class FastDetokenizer:
@@ -84,12 +74,12 @@ def run_worker(
     if missing:
         raise RewardError(missing)
 
+    from workers.kafka.admin import prepare_stage
     from workers.reward.app import RewardStage
 
-    partitions = source_partitions(kafka, topics.name("turns"))
-    from workers.kafka.admin import ensure_changelog
-
-    ensure_changelog(kafka, topics, config.changelog_topic, partitions)
+    partitions = prepare_stage(
+        kafka, topics, source="turns", changelog=config.changelog_topic, error=RewardError
+    )
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
     stage = RewardStage(kafka, topics, config, tokenizer=tokenizer, metrics=metrics)
     log.info(
