@@ -102,7 +102,7 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.data import arithmetic_rows, write_rows
+    from pipeline.arithmetic import arithmetic_rows, write_rows
 
     if Path(args.out).suffix not in (".jsonl", ".parquet"):
         raise ConfigError(f"--out {args.out}: the name must end in .jsonl or .parquet")

@@ -109,7 +109,7 @@ def prepare_model(
         import torch
         from transformers.utils import logging as hf_logging
 
-        from pipeline.data import arithmetic_rows
+        from pipeline.arithmetic import arithmetic_rows
         from pipeline.demo_recipe import warm_start
         from workers.llm.model_init import init_model
 
@@ -254,7 +254,7 @@ def produce_prompts(
     max_staleness: int = MAX_STALENESS,
 ) -> int:
     """The dataset (jsonl next to the report) → the prompts topic; returns how many."""
-    from pipeline.data import arithmetic_rows, write_rows
+    from pipeline.arithmetic import arithmetic_rows, write_rows
     from pipeline.producer import PromptProducer
 
     # Enough for every step, plus what the admission gate lets run ahead of the trainer.

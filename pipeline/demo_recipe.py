@@ -296,7 +296,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.data import arithmetic_rows
+    from pipeline.arithmetic import arithmetic_rows
     from workers.llm.model_init import init_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

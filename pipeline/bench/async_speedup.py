@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.arithmetic import arithmetic_rows
 from pipeline.bench.common import bench_broker, tiny_model
 from pipeline.config import RunConfig
-from pipeline.data import arithmetic_rows
 from pipeline.launch import LocalPipeline
 from pipeline.local_run import local_run_config
 from pipeline.producer import PromptProducer

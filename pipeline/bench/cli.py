@@ -23,25 +23,26 @@ Handler = Callable[[argparse.Namespace, RunConfig], int]
 
 def _bench(
     module: str,
-    *names: str,
+    names: str,
+    *,
     kafka: bool = False,
     model: str | None = None,
     extra: Callable[[argparse.Namespace, RunConfig], dict[str, Any]] | None = None,
 ) -> Handler:
     """The handler of a benchmark that is `pipeline.bench.<module>.run(...)` of its flags.
 
-    `names`: keyword arguments taken from the flags of the same name (`kw=flag` to rename);
-    `kafka`: the run's `KafkaConfig` goes first; `model`: that flag (`model` or `tokenizer`)
-    must name a model directory when given; `extra`: more keyword arguments.
+    `names`: the keyword arguments taken from the flags of the same name, space-separated
+    (`kw=flag` to rename); `kafka`: the run's `KafkaConfig` goes first; `model`: that flag
+    (`model` or `tokenizer`) must name a model directory when given; `extra`: more keyword
+    arguments.
     """
+    pairs = [(kw, flag or kw) for kw, _, flag in (n.partition("=") for n in names.split())]
 
     def handler(args: argparse.Namespace, cfg: RunConfig) -> int:
         if model is not None:
             _checked_model(args, model)
         run = importlib.import_module(f"pipeline.bench.{module}").run
-        kwargs = {
-            kw: getattr(args, flag or kw) for kw, _, flag in (n.partition("=") for n in names)
-        }
+        kwargs = {kw: getattr(args, flag) for kw, flag in pairs}
         kwargs.update(extra(args, cfg) if extra else {})
         _emit(run(*([cfg.kafka] if kafka else []), **kwargs), args.json)
         return 0
@@ -49,34 +50,35 @@ def _bench(
     return handler
 
 
-cmd_bench_serialization = _bench("serialization", "tokens", "rounds")
-cmd_bench_router = _bench("router", "replicas", "ids")
+_MODEL = "model_dir=model"
+cmd_bench_serialization = _bench("serialization", "tokens rounds")
+cmd_bench_router = _bench("router", "replicas ids")
 cmd_bench_prefix = _bench(
-    "prefix", "model_dir=model", "conversations", "concurrency", "system_tokens", "task_tokens",
-    model="model",
-)  # fmt: skip
+    "prefix", f"{_MODEL} conversations concurrency system_tokens task_tokens", model="model"
+)
 cmd_bench_reward = _bench(
-    "reward", "trajectories", "turns", "tokens", "pool_workers", "batch_size", "tokenizer",
-    kafka=True, model="tokenizer",
-)  # fmt: skip
+    "reward",
+    "trajectories turns tokens pool_workers batch_size tokenizer",
+    kafka=True,
+    model="tokenizer",
+)
 cmd_bench_async = _bench(
-    "async_speedup", "steps", "batch", "n", "max_tokens", "model_dir=model", kafka=True,
-    model="model",
-)  # fmt: skip
-cmd_bench_agent_loop = _bench(
-    "agent_loop", "prompts", "rounds", "model_dir=model", kafka=True, model="model"
+    "async_speedup", f"steps batch n max_tokens {_MODEL}", kafka=True, model="model"
 )
+cmd_bench_agent_loop = _bench("agent_loop", f"prompts rounds {_MODEL}", kafka=True, model="model")
 cmd_bench_vllm = _bench(
-    "vllm", "requests", "concurrency", "max_tokens", "rounds", "model_dir=model", "log_dir",
-    kafka=True, extra=lambda args, cfg: {"vllm_python": args.vllm_python or cfg.vllm.python},
-)  # fmt: skip
-cmd_bench_pipeline = _bench(
-    "end_to_end", "prompts", "n", "max_tokens", "replicas", "raw_messages", "model_dir=model",
-    kafka=True, model="model",
-)  # fmt: skip
-cmd_bench_train_step = _bench(
-    "train_step", "groups", "n", "response_tokens", "mini_batches", "epochs", "rounds"
+    "vllm",
+    f"requests concurrency max_tokens rounds {_MODEL} log_dir",
+    kafka=True,
+    extra=lambda args, cfg: {"vllm_python": args.vllm_python or cfg.vllm.python},
 )
+cmd_bench_pipeline = _bench(
+    "end_to_end",
+    f"prompts n max_tokens replicas raw_messages {_MODEL}",
+    kafka=True,
+    model="model",
+)
+cmd_bench_train_step = _bench("train_step", "groups n response_tokens mini_batches epochs rounds")
 
 
 def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:

@@ -237,7 +237,7 @@ def _inject(
 
 
 def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
-    from pipeline.data import arithmetic_rows
+    from pipeline.arithmetic import arithmetic_rows
     from pipeline.launch import LocalPipeline
     from pipeline.producer import PromptProducer
     from pipeline.topics import create_topics

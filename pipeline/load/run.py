@@ -137,7 +137,7 @@ class _Soak:
     def _offer(self, count: int) -> None:
         if count <= 0:
             return
-        from pipeline.data import arithmetic_rows
+        from pipeline.arithmetic import arithmetic_rows
 
         # uid arith-train-<seed>-<index>: a fresh seed per top-up keeps every uid unique.
         self.producer.produce_rows(arithmetic_rows(count, seed=self.produced))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import arithmetic_rows, write_rows
+from pipeline.arithmetic import arithmetic_rows, write_rows
 from tests.conftest import REPO, free_port
 
 BOUND_S = 20.0

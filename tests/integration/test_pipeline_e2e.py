@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.arithmetic import arithmetic_rows
 from pipeline.config import load_config
-from pipeline.data import arithmetic_rows
 from pipeline.launch import LocalPipeline
 from pipeline.producer import PromptProducer
 from tests.conftest import run_cli

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.data import arithmetic_rows
+from pipeline.arithmetic import arithmetic_rows
 from pipeline.producer import PromptProducer
 from tests.conftest import run_cli
 from tests.integration.test_pipeline_e2e import BATCH, STEPS, pipeline_config

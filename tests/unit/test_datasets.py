@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.data import arithmetic_rows, write_rows
+from pipeline.arithmetic import arithmetic_rows, write_rows
 from pipeline.datasets import DatasetError, RowError, read_rows, row_to_prompt
 
 

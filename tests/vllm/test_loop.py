@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
 def test_the_loop_trains_through_two_vllm_replicas(
     kafka_bootstrap, topics_config, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from pipeline.data import arithmetic_rows
+    from pipeline.arithmetic import arithmetic_rows
 
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} missing: build it with `make vllm`", pytrace=False)

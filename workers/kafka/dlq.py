@@ -96,9 +96,14 @@ class AioDeadLetters:
 def _warn(letter: DeadLetter) -> None:
     log.warning(
         "dead-lettering %s[%d]@%d from stage %s: %s (%s): %s",
-        letter.topic, letter.partition, letter.offset, letter.stage,
-        letter.error_class, letter.error_cause, letter.error_message[:200],
-    )  # fmt: skip
+        letter.topic,
+        letter.partition,
+        letter.offset,
+        letter.stage,
+        letter.error_class,
+        letter.error_cause,
+        letter.error_message[:200],
+    )
 
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:

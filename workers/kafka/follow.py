@@ -33,9 +33,13 @@ log = logging.getLogger("rollout.kafka.follow")
 def follower(kafka: KafkaConfig, *topics: str, client_id: str) -> AIOKafkaConsumer:
     """A group-less aiokafka consumer from the earliest offset, committing nothing."""
     return AIOKafkaConsumer(
-        *topics, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False,
-        client_id=client_id, **kafka.aiokafka_kwargs(),
-    )  # fmt: skip
+        *topics,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        client_id=client_id,
+        **kafka.aiokafka_kwargs(),
+    )
 
 
 def decoded(record: Any, *, tombstones: bool = False) -> Any | None:
@@ -47,8 +51,11 @@ def decoded(record: Any, *, tombstones: bool = False) -> Any | None:
     except DecodeError as exc:
         log.warning(
             "ignoring undecodable record %s[%d]@%d: %s",
-            record.topic, record.partition, record.offset, exc,
-        )  # fmt: skip
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+        )
         return None
 
 

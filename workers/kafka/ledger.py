@@ -94,6 +94,11 @@ class OutputLedger:
         self._consumer.unsubscribe()
         log.info(
             "scanned %s[%d] offsets %d..%d (%d records): %d found",
-            topic, partition, offset, end, scanned, len(found),
-        )  # fmt: skip
+            topic,
+            partition,
+            offset,
+            end,
+            scanned,
+            len(found),
+        )
         return found

@@ -27,9 +27,9 @@ partition when the group rebalances. This module is that machinery, and only tha
 
 Why not faust: faust-streaming (0.15) abandons a record whose delivery to the stream is
 interrupted by a rebalance while still moving its read offset past it, and never fetches it
-again; the committed offset then stays below it for good. A StallGuard that re-sought after
-a stall only narrowed the window (a replay group could still time out partial while its
-samples sat uncommitted). Here the positions are the consumer's own: a record is either
+again; the committed offset then stays below it for good (re-seeking after a stall only
+narrowed the window: a replay group could still time out partial while its samples sat
+uncommitted). Here the positions are the consumer's own: a record is either
 processed and then committed, or fetched again from the committed offset after a
 rebalance or restart. faust's per-event machinery (stream buffers, acks, its commit
 bookkeeping) was also most of the reward stage's cost per turn.

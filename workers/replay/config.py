@@ -25,10 +25,12 @@ class ReplayConfig(StageLoopConfig):
     group_id: str = group_id_field("rollout-replay")
     batch_size: int = Field(default=256, ge=1, le=65536, description="Most samples per batch.")
     sweep_interval_s: float = sweep_interval_field(
-        5.0, "With no sample arriving, how often the stage still expires groups (also read as"
+        5.0,
+        "With no sample arriving, how often the stage still expires groups (also read as"
         " tick_interval_s).",
-        "tick_interval_s", le=600,
-    )  # fmt: skip
+        "tick_interval_s",
+        le=600,
+    )
     n: int = Field(default=4, ge=1, le=1024, description="Group size of samples that carry none.")
     group_timeout_s: float = Field(
         default=600.0,

@@ -1,7 +1,7 @@
 """Errors of the replay stage.
 
 RolloutError
-└── ReplayError                 the stage cannot start or run (missing topic, bad tick topic)
+└── ReplayError                 the stage cannot start or run (a missing topic)
 """
 
 from __future__ import annotations

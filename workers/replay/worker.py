@@ -38,9 +38,13 @@ def run_worker(
     `metrics`: the process's `StageMetrics("replay")` (served by the caller), else its own.
     """
     partitions = prepare_stage(
-        kafka, topics, source="scored", changelog=config.changelog_topic,
-        needs=("replay", "stale", "policy", "dlq"), error=ReplayError,
-    )  # fmt: skip
+        kafka,
+        topics,
+        source="scored",
+        changelog=config.changelog_topic,
+        needs=("replay", "stale", "policy", "dlq"),
+        error=ReplayError,
+    )
     scored = topics.name("scored")
 
     from workers.replay.app import ReplayStage
