@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.clients import TrajectoryConsumer
 from schemas.codec import encode, headers_for
 from schemas.events import ExtraFields, ScoredTrajectory, TrainingGroup
 from tests.integration.trainer_helpers import produce, read_all
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.trainer import TrajectoryConsumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

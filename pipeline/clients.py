@@ -1,0 +1,26 @@
+"""The pipeline's public clients, side by side: prompts in, trajectories out.
+
+    from pipeline.clients import PromptProducer, TrajectoryConsumer
+
+    with PromptProducer(kafka, topics) as producer:        # rows → rl.prompts
+        producer.produce_rows(rows)
+    with TrajectoryConsumer(kafka, topics, topic="replay", group_id="my-trainer") as source:
+        for batch in source.batches(8):                     # rl.replay → padded torch batches
+            ...
+            source.commit()
+
+- `PromptProducer` (`pipeline.producer`): datasets or any iterable of rows → `rl.prompts`,
+  idempotent and acknowledged (what `rollout produce` runs).
+- `TrajectoryConsumer` (`workers.trainer.consumer`): `rl.replay` or `rl.scored` → typed events
+  or padded batches, with positions that resume exactly (what the trainer reads with).
+
+Their code stays beside what runs it (the CLI, the trainer); this is the place to import them
+from. Neither loads torch on import.
+"""
+
+from __future__ import annotations
+
+from pipeline.producer import ProduceReport, PromptProducer
+from workers.trainer.consumer import TrajectoryConsumer
+
+__all__ = ["ProduceReport", "PromptProducer", "TrajectoryConsumer"]
