@@ -12,6 +12,14 @@ it consumed: trained, or dropped as stale there). Groups that never reach the tr
 count as resolved too, or the gate would hold their capacity for ever: `dropped` counts the
 groups dropped upstream of it (on the stale topic without the trainer's header: the replay
 stage's stale, zero-variance and timed-out groups) and the prompts this worker dead-lettered.
+`started` must count the whole consumer group's admissions, not this worker's alone: two
+workers each counting their own would keep twice the bound in flight, and a restarted worker
+(its count back at 0 while `trained` is not) would admit without limit. The worker feeds it
+the group's progress on the prompts topic (`observe_started`): the committed offsets of every
+partition, with its own partitions' positions where they are ahead. Until the first such
+count arrives (`synced`), nothing is admitted. What the count can still miss is the other
+workers' admissions since their last commit, so the overshoot is bounded by their in-flight
+limits rather than by nothing.
 Pure logic: the worker feeds it numbers.
 """
 
@@ -29,6 +37,7 @@ class AdmissionGate:
     started: int = 0  # groups admitted (by the whole consumer group, as far as known)
     trained: int = 0  # groups the trainer has consumed
     dropped: int = 0  # groups resolved without reaching the trainer
+    synced: bool = True  # False until the group's count arrived: admit nothing before it
 
     @property
     def capacity(self) -> int | None:
@@ -44,6 +53,8 @@ class AdmissionGate:
         capacity = self.capacity
         if capacity is None:
             return 1 << 30
+        if not self.synced:
+            return 0
         return max(0, capacity - (self.started - self.trained - self.dropped))
 
     def admit(self) -> None:
@@ -56,5 +67,7 @@ class AdmissionGate:
         self.dropped += groups
 
     def observe_started(self, groups_started: int) -> None:
-        """A fresher count from Kafka (e.g. after a rebalance or at start)."""
+        """The consumer group's count from Kafka (prompts taken from the topic by every
+        worker): it only ever raises the local count."""
         self.started = max(self.started, groups_started)
+        self.synced = True

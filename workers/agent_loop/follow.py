@@ -6,6 +6,8 @@
 - `rl.stale`: groups dropped before the trainer (the replay stage's drops, no trainer
   header). The trainer's own drops carry `rl.stale.trainer_version` and are skipped: the
   trainer counts those in `groups_trained` already.
+- `rl.dlq`: the prompts dead-lettered by any agent-loop worker, resolved without a group (the
+  gate counts the whole consumer group's prompts, so every worker's dead letters too).
 - `rl.replicas`: replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed by
   the replica id); the router adds and drops them.
 
@@ -22,12 +24,19 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from schemas.codec import decode
+from schemas.deadletter import DLQ_HEADER_PREFIX
 from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
 from workers.agent_loop.admission import AdmissionGate
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["TRAINER_STALE_HEADER", "follow_policy", "follow_replicas", "follow_upstream_drops"]
+__all__ = [
+    "TRAINER_STALE_HEADER",
+    "follow_dead_prompts",
+    "follow_policy",
+    "follow_replicas",
+    "follow_upstream_drops",
+]
 
 log = logging.getLogger("rollout.agent_loop.follow")
 
@@ -59,6 +68,22 @@ async def follow_upstream_drops(
     try:
         async for record in consumer:
             if not any(key == TRAINER_STALE_HEADER for key, _ in record.headers or ()):
+                gate.observe_dropped()
+    finally:
+        await consumer.stop()
+
+
+async def follow_dead_prompts(
+    kafka: KafkaConfig, topics: TopicsConfig, gate: AdmissionGate, *, client_id: str
+) -> None:
+    """Count the prompts dead-lettered by the agent-loop stage (any worker of it)."""
+    prompts = topics.name("prompts").encode()
+    consumer = _consumer(kafka, topics.name("dlq"), client_id=client_id)
+    await consumer.start()
+    try:
+        async for record in consumer:
+            headers = dict(record.headers or ())
+            if headers.get(DLQ_HEADER_PREFIX + "topic") == prompts:
                 gate.observe_dropped()
     finally:
         await consumer.stop()

@@ -84,6 +84,11 @@ class OffsetTracker:
             if part is not None:
                 part.committed = position
 
+    def started_through(self, partition: Hashable) -> int | None:
+        """One past the highest offset started on `partition` (None: nothing started)."""
+        part = self._parts.get(partition)
+        return None if part is None or part.highest is None else part.highest + 1
+
     def position(self, partition: Hashable) -> int | None:
         part = self._parts.get(partition)
         return part.next_commit if part else None

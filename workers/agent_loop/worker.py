@@ -50,7 +50,12 @@ from workers.agent_loop.admission import AdmissionGate
 from workers.agent_loop.base import AgentContext, TurnRecord, get_agent_loop
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
-from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
+from workers.agent_loop.follow import (
+    follow_dead_prompts,
+    follow_policy,
+    follow_replicas,
+    follow_upstream_drops,
+)
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
 from workers.kafka.admin import missing_topics
@@ -98,7 +103,9 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.tools = tools
         self.tracker = OffsetTracker()
-        self.gate = AdmissionGate(config.admission.max_staleness, config.admission.train_batch_size)
+        self.gate = AdmissionGate(
+            config.admission.max_staleness, config.admission.train_batch_size, synced=False
+        )
         self.counters: dict[str, int] = defaultdict(int)
         self._tasks: dict[TopicPartition, dict[int, asyncio.Task[None]]] = defaultdict(dict)
         self._samples_in_flight = 0
@@ -170,6 +177,9 @@ class AgentLoopWorker:
             self._follow(
                 follow_upstream_drops(self.kafka, self.topics, self.gate, client_id=f"{tail}-stale")
             )
+            self._follow(
+                follow_dead_prompts(self.kafka, self.topics, self.gate, client_id=f"{tail}-dlq")
+            )
         self.consumer = AIOKafkaConsumer(
             group_id=cfg.group_id,
             enable_auto_commit=False,
@@ -180,6 +190,8 @@ class AgentLoopWorker:
         )
         self.consumer.subscribe([self.topics.name("prompts")], listener=_Rebalance(self))
         await self.consumer.start()
+        if cfg.admission.max_staleness is not None:
+            self._follow(self._follow_group_progress())
 
     def _follow(self, follower: Coroutine[Any, Any, None]) -> None:
         """Run a follower of another stage's topic (`follow`) until shutdown."""
@@ -286,8 +298,7 @@ class AgentLoopWorker:
                     )
                 await self._run_prompt(prompt)
             except (DecodeError, AgentLoopError, BadRequestError) as exc:
-                await self._dead_letter(record, exc)
-                self.gate.observe_dropped()
+                await self._dead_letter(record, exc)  # the gate counts it from rl.dlq
             except RolloutError:
                 raise
             except KafkaError as exc:
@@ -299,7 +310,6 @@ class AgentLoopWorker:
                 await self._dead_letter(
                     record, AgentLoopError(f"{type(exc).__name__}: {exc}", cause="agent_loop")
                 )
-                self.gate.observe_dropped()
             self.tracker.finish(tp, record.offset)
             self.counters["prompts_done"] += 1
         except asyncio.CancelledError:
@@ -418,6 +428,26 @@ class AgentLoopWorker:
         if tasks:
             log.info("revoked %d partitions; %d unfinished prompts go to the new owner",
                      len(revoked), len(tasks))  # fmt: skip
+
+    async def _follow_group_progress(self) -> None:
+        """Feed the gate the prompts the whole group has taken, once a second (admission.py)."""
+        assert self.consumer is not None
+        topic = self.topics.name("prompts")
+        while True:
+            try:
+                parts = self.consumer.partitions_for_topic(topic)
+                if parts:
+                    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+                    committed = await asyncio.gather(*(self.consumer.committed(tp) for tp in tps))
+                    mine = self.consumer.assignment()
+                    taken = 0
+                    for tp, offset in zip(tps, committed, strict=True):
+                        ahead = self.tracker.started_through(tp) if tp in mine else None
+                        taken += max(offset or 0, ahead or 0)
+                    self.gate.observe_started(taken)
+            except KafkaError as exc:  # the broker is away: keep the last count, try again
+                log.debug("group progress unavailable: %r", exc)
+            await asyncio.sleep(1.0)
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)
