@@ -17,14 +17,17 @@ workers each counting their own would keep twice the bound in flight, and a rest
 (its count back at 0 while `trained` is not) would admit without limit. The worker feeds it
 the group's progress on the prompts topic (`observe_started`): the committed offsets of every
 partition, with its own partitions' positions where they are ahead. Until the first such
-count arrives (`synced`), nothing is admitted. What the count can still miss is the other
-workers' admissions since their last commit, so the overshoot is bounded by their in-flight
-limits rather than by nothing.
+count arrives (`synced`), nothing is admitted. Each worker commits how far it has started on
+its partitions as the commit's metadata, so the count sees the others' prompts in flight too;
+what it still misses is what they admitted since their last commit (about a second). And
+since every worker sees the same free room at once, each takes its `share` of it (the share
+of the topic's partitions it owns, rounded up), so together they do not take it twice.
 Pure logic: the worker feeds it numbers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["AdmissionGate"]
@@ -38,6 +41,8 @@ class AdmissionGate:
     trained: int = 0  # groups the trainer has consumed
     dropped: int = 0  # groups resolved without reaching the trainer
     synced: bool = True  # False until the group's count arrived: admit nothing before it
+    share: float = 1.0  # of the free room this worker may take (its share of the partitions)
+    allowance: int = 0  # with a share below 1: what it may still take until the next count
 
     @property
     def capacity(self) -> int | None:
@@ -55,10 +60,12 @@ class AdmissionGate:
             return 1 << 30
         if not self.synced:
             return 0
-        return max(0, capacity - (self.started - self.trained - self.dropped))
+        free = max(0, capacity - (self.started - self.trained - self.dropped))
+        return free if self.share >= 1.0 else min(free, self.allowance)
 
     def admit(self) -> None:
         self.started += 1
+        self.allowance = max(0, self.allowance - 1)
 
     def observe_trained(self, groups_trained: int) -> None:
         self.trained = max(self.trained, groups_trained)
@@ -71,3 +78,13 @@ class AdmissionGate:
         worker): it only ever raises the local count."""
         self.started = max(self.started, groups_started)
         self.synced = True
+        self.share_room(self.share)
+
+    def share_room(self, share: float) -> None:
+        """Take `share` of the room free now until the next count (every worker sees the
+        same free room at once; each takes its part, rounded up)."""
+        self.share = share
+        capacity = self.capacity
+        if capacity is not None:
+            free = max(0, capacity - (self.started - self.trained - self.dropped))
+            self.allowance = math.ceil(free * share)

@@ -71,6 +71,14 @@ log = logging.getLogger("rollout.agent_loop.worker")
 STAGE = "agent-loop"
 
 
+def _started_through(metadata: str | None) -> int:
+    """A commit's metadata as this stage writes it (the started-through offset), else 0."""
+    try:
+        return int(metadata or 0)
+    except ValueError:
+        return 0
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: AgentLoopWorker) -> None:
         self.worker = worker
@@ -400,19 +408,23 @@ class AgentLoopWorker:
     # --- offsets and rebalancing -------------------------------------------------------
 
     async def _commit(self, only: list[TopicPartition] | None = None) -> None:
-        positions = self.tracker.committable()
+        points = self.tracker.commit_points()
         if only is not None:
-            positions = {tp: pos for tp, pos in positions.items() if tp in only}
-        if not positions or self.consumer is None:
+            points = {tp: point for tp, point in points.items() if tp in only}
+        if not points or self.consumer is None:
             return
         try:
-            await self.consumer.commit(positions)
+            # The metadata is how far this worker has started on the partition: the other
+            # workers' admission gates count prompts in flight here before they finish.
+            await self.consumer.commit(
+                {tp: (pos, str(started)) for tp, (pos, started) in points.items()}
+            )
         except CommitFailedError as exc:
             # The group rebalanced under us: these prompts are redelivered to their new owner
             # (at-least-once; downstream de-duplicates), which is no reason to crash.
             log.warning("commit failed after a rebalance (%s); the new owner redoes them", exc)
             return
-        self.tracker.mark_committed(positions)
+        self.tracker.mark_points(points)
 
     async def _revoke(self, revoked: list[TopicPartition]) -> None:
         tasks = [t for tp in revoked for t in self._tasks.get(tp, {}).values()]
@@ -430,24 +442,42 @@ class AgentLoopWorker:
                      len(revoked), len(tasks))  # fmt: skip
 
     async def _follow_group_progress(self) -> None:
-        """Feed the gate the prompts the whole group has taken, once a second (admission.py)."""
+        """Feed the gate the prompts the whole group has taken, twice a second (admission.py):
+        per partition, the furthest of its committed offset, the started-through offset its
+        owner committed as metadata, and this worker's own start when it owns it."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
         assert self.consumer is not None
         topic = self.topics.name("prompts")
-        while True:
-            try:
-                parts = self.consumer.partitions_for_topic(topic)
-                if parts:
-                    tps = [TopicPartition(topic, p) for p in sorted(parts)]
-                    committed = await asyncio.gather(*(self.consumer.committed(tp) for tp in tps))
+        admin = AIOKafkaAdminClient(
+            client_id=f"{self.kafka.client_id}-{STAGE}-gate", **self.kafka.aiokafka_kwargs()
+        )
+        await admin.start()
+        try:
+            while True:
+                try:
+                    offsets = await admin.list_consumer_group_offsets(self.config.group_id)
                     mine = self.consumer.assignment()
                     taken = 0
-                    for tp, offset in zip(tps, committed, strict=True):
-                        ahead = self.tracker.started_through(tp) if tp in mine else None
-                        taken += max(offset or 0, ahead or 0)
+                    for tp in {*offsets, *mine}:
+                        if tp.topic != topic:
+                            continue
+                        meta = offsets.get(tp)
+                        own = self.tracker.started_through(tp) if tp in mine else None
+                        taken += max(
+                            meta.offset if meta is not None else 0,
+                            _started_through(meta.metadata) if meta is not None else 0,
+                            own or 0,
+                        )
+                    parts = self.consumer.partitions_for_topic(topic) or ()
+                    owned = sum(tp.topic == topic for tp in mine)
+                    self.gate.share = owned / len(parts) if parts else 1.0
                     self.gate.observe_started(taken)
-            except KafkaError as exc:  # the broker is away: keep the last count, try again
-                log.debug("group progress unavailable: %r", exc)
-            await asyncio.sleep(1.0)
+                except KafkaError as exc:  # the broker is away: keep the last count, try again
+                    log.debug("group progress unavailable: %r", exc)
+                await asyncio.sleep(0.5)
+        finally:
+            await admin.close()
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)
