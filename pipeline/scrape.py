@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import yaml
 
-__all__ = ["JOBS", "compose_config", "job_of", "local_config"]
+__all__ = ["COMPOSE_SERVICES", "JOBS", "compose_config", "job_of", "local_config"]
 
 #: job name → pattern of the process names it scrapes.
 JOBS: dict[str, re.Pattern[str]] = {
