@@ -65,7 +65,7 @@ EMPTY_WHEN_CLEAN = {
 #: Panels that must show more than 0 at some point while records flow (0 throughout would
 #: be a query that reads nothing, e.g. rate() over a series that never moves). Not here, and
 #: 0 in this run for a true reason: loss and reward (the untrained tiny model answers nothing
-#: right, so every advantage is 0), staleness (the admission gate keeps it at 0 this fast),
+#: right, so every advantage is 0), staleness (0 while the trainer keeps up with the agents),
 #: the prefix-cache hit rate (a prompt's samples are prefilled together, and a new version
 #: clears the cache before another request could reuse a finished prompt).
 POSITIVE = {
@@ -144,20 +144,24 @@ def _wait_panels(prom: Prometheus, pipe: LocalPipeline, queries: list[PanelQuery
 
 
 def _quiet(prom: Prometheus) -> bool:
-    """Every prompt read, the replicas on the trainer's version, no counter moved for 3 scrapes."""
+    """Every prompt read, every process on the trainer's version, no counter moved for 3
+    scrapes."""
     window = f"{3 * SCRAPE_S:g}s"
     moved = prom.query(
         f"sum(changes(rollout_messages_produced_total[{window}]))"
         f" + sum(changes(rollout_messages_consumed_total[{window}]))"
     )
     prompts = prom.query('sum(rollout_messages_consumed_total{stage="agent-loop"})')
-    behind = prom.query(
-        'max(rollout_policy_version{stage="train"}) - min(rollout_replica_policy_version)'
-    )
+    # Every stage and replica on the trainer's version (the reward stage keeps none).
+    newest = 'max(rollout_policy_version{stage="train"})'
+    behind = [
+        prom.query(f"{newest} - min(rollout_policy_version)"),
+        prom.query(f"{newest} - min(rollout_replica_policy_version)"),
+    ]
     return (
         [v for _, v in moved] == [0]
         and [v for _, v in prompts] == [PROMPTS]
-        and [v for _, v in behind] == [0]
+        and all([v for _, v in rows] == [0] for rows in behind)
     )
 
 
