@@ -21,7 +21,7 @@ from typing import Literal
 
 from schemas import headers as h
 
-__all__ = ["DropReason", "StalePolicy", "drop_headers", "is_trainer_drop"]
+__all__ = ["DropReason", "StalePolicy", "describe_drop", "drop_headers", "is_trainer_drop"]
 
 DropReason = Literal["stale", "zero_variance", "timeout"]
 """Why a group went to `rl.stale` instead of `rl.replay`."""
@@ -50,3 +50,11 @@ def drop_headers(
 def is_trainer_drop(headers: Iterable[tuple[str, bytes]] | None) -> bool:
     """Whether an `rl.stale` record's headers say the trainer dropped it."""
     return any(k == h.DROP_TRAINER_VERSION for k, _ in headers or ())
+
+
+def describe_drop(headers: Iterable[tuple[str, bytes]] | None) -> str:
+    """Who dropped a group and why, with its staleness: "replay: zero_variance (staleness 1)",
+    "trainer: stale (staleness 33)"."""
+    own = {k: v.decode("utf-8", "replace") for k, v in headers or ()}
+    who = "trainer" if h.DROP_TRAINER_VERSION in own else "replay"
+    return f"{who}: {own.get(h.DROP_REASON, '?')} (staleness {own.get(h.STALENESS)})"

@@ -1,16 +1,23 @@
-"""What several benchmarks share: a broker to run against and the tiny model."""
+"""What several benchmarks share: a broker to run against, the tiny model, and the rounds.
+
+A benchmark compares sides (a baseline and the thing measured) in the same run: `interleaved`
+runs them in turn each round, `paired_ratio` reports the median of the per-round ratios with
+every round's and their spread, `rates` a side's best with every round's and the spread.
+"""
 
 from __future__ import annotations
 
 import socket
+import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from workers.kafka.config import KafkaConfig
 
-__all__ = ["bench_broker", "tiny_model"]
+__all__ = ["bench_broker", "interleaved", "paired_ratio", "rates", "tiny_model"]
 
 
 @contextmanager
@@ -47,3 +54,36 @@ def tiny_model(model_dir: str | None = None) -> Iterator[str]:
 
     with tempfile.TemporaryDirectory(prefix="rollout-bench-model-") as tmp:
         yield str(init_model(Path(tmp) / "tiny", preset="tiny", seed=0))
+
+
+def interleaved(sides: dict[str, Callable[[int], float]], rounds: int) -> dict[str, list[float]]:
+    """Each side's figure per round, the sides run one after another within each round
+    (a, b, a, b, ...), so a slow minute on a shared machine lands on every side alike.
+    `sides[name](round)` returns the round's figure (a rate: higher is better)."""
+    figures: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds):
+        for name, side in sides.items():
+            figures[name].append(side(r))
+    return figures
+
+
+def paired_ratio(num: list[float], den: list[float], prefix: str = "ratio") -> dict[str, Any]:
+    """`num / den` of each round (the two measured minutes apart, under the same load), their
+    median as the figure, every round's value and the spread (max - min) / median."""
+    ratios = [a / b for a, b in zip(num, den, strict=True) if b > 0]
+    mid = statistics.median(ratios) if ratios else 0.0
+    return {
+        prefix: round(mid, 3),
+        f"{prefix}_runs": [round(x, 3) for x in ratios],
+        f"{prefix}_spread": round((max(ratios) - min(ratios)) / mid, 3) if mid else None,
+    }
+
+
+def rates(name: str, values: list[float], digits: int = 1) -> dict[str, Any]:
+    """The best of a side's rates, every round's, and the spread (max - min) / best."""
+    best = max(values)
+    return {
+        name: round(best, digits),
+        f"{name}_runs": [round(v, digits) for v in values],
+        f"{name}_spread": round((best - min(values)) / best, 3) if best else None,
+    }

@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", action="append", dest="faults", metavar="FAULT",
                         help=f"kill:|term:|stop:<process> or broker (repeat); default: {' '.join(DEFAULT_FAULTS)}")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="Picks the faults' order and moments.")
+    parser.add_argument("--max-stale-share", type=float, default=0.05,
+                        help="Fail when more of the samples than this are dropped as stale.")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, help="Give up after (s).")
     parser.add_argument(
         "--bootstrap-existing", dest="existing", help="Use this broker (no broker fault)."
@@ -79,7 +81,7 @@ def main_with(args: argparse.Namespace) -> int:
         _reachable(args.existing)
     opts = ChaosOptions(
         samples=args.samples, n=args.n, agent_loop_workers=args.workers, replicas=args.replicas,
-        faults=faults, seed=args.seed,
+        faults=faults, seed=args.seed, max_stale_share=args.max_stale_share,
         timeout_s=args.timeout, bootstrap=args.existing, run_dir=args.run_dir,
     )  # fmt: skip
     report = run_chaos(opts)
@@ -89,6 +91,11 @@ def main_with(args: argparse.Namespace) -> int:
     if report["faults_not_fired"]:
         print(f"faults NOT fired: {', '.join(report['faults_not_fired'])}")
     print(f"restarts by the supervisor: {report['restarts'] or 'none'}")
+    for reason, count in report["stale_reasons"].items():
+        print(f"  stale {count:5d} samples: {reason}")
+    print(
+        f"stale share: {100 * report['stale_share']:.1f}% (at most {100 * opts.max_stale_share:.0f}%)"
+    )
     print(f"run: {report['run_dir']} ({report['wall_s']} s)")
     print(report["table"])
     return 0 if report["ok"] else 1

@@ -39,6 +39,7 @@ class Accounting:
     stale_and_trained: list[str] = field(default_factory=list)
     lost_ids: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    stale_reasons: dict[str, int] = field(default_factory=dict)  # "who: why" -> samples
 
     @property
     def accounted(self) -> int:

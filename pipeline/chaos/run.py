@@ -10,13 +10,18 @@
    broker exits on purpose, so nothing half-done is committed) is started again, as
    systemd or Kubernetes would;
 4. the faults of `faults.schedule`, one at a time, as the share of samples scored
-   passes each trigger (the share scored: it moves smoothly; training comes in steps);
+   passes each trigger (the share scored: it moves smoothly; training comes in steps), each
+   once the trainer has published a step since the last (the pipeline recovered): progress,
+   not seconds, so the schedule fits a fast machine and a slow one. A fault still waiting
+   when `last_fault_share` is scored fails the run at once, before any drain;
 5. drain until every sample is accounted for (or `timeout_s`), stop the pipeline cleanly,
    and account (`accounting.account`) from the trainer's step log and the stale and
    dead-letter topics.
 
 The trainer takes one group per step, so the last groups never wait for a batch to fill.
-Returns a report dict with the accounting table; `ok` is `lost == 0 and duplicated == 0`.
+Returns a report dict with the accounting table; `ok` is `lost == 0 and duplicated == 0`,
+every fault fired, and at most `max_stale_share` of the samples dropped as stale (the
+admission gate bounds staleness under faults too).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import signal
 import tempfile
 import time
 import uuid
+from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +61,9 @@ class ChaosOptions:
     stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
     max_tokens: int = 32  # long enough a run for every fault to land while data moves
     max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
-    fault_gap_s: float = 8.0  # at least this long, and some progress, between two faults
+    # Every fault must have fired by this share of samples scored, or the run fails at once.
+    last_fault_share: float = 0.9
+    max_stale_share: float = 0.05  # more samples than this dropped as stale fails the run
     # "scored": faults fire as the share of samples scored passes their triggers; "generating":
     # each fires as soon as the replicas are generating (a short run finishes in one step).
     trigger: str = "scored"
@@ -145,20 +153,25 @@ def _generating(urls: list[str]) -> int:
 def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
     from schemas.codec import decode_as
     from schemas.events import TrainingGroup
+    from schemas.stale import describe_drop
     from workers.trainer.metrics import effective_trajectory_ids
 
     metrics = Path(cfg.trainer.metrics_file or Path(cfg.trainer.checkpoint_dir) / "metrics.jsonl")
     trained = effective_trajectory_ids(metrics, upto) if metrics.exists() else []
     stale: list[str] = []
+    reasons: Counter[str] = Counter()
     for record in _read_topic(cfg.kafka, cfg.topics.name("stale")):
         group = decode_as(record.value, TrainingGroup)
         stale.extend(s.trajectory_id for s in group.samples)
+        reasons[describe_drop(record.headers)] += len(group.samples)
     letters = [
         r.key.decode("utf-8", "replace")
         for r in _read_topic(cfg.kafka, cfg.topics.name("dlq"))
         if r.key is not None
     ]
-    return account(expected, trained, stale, letters)
+    result = account(expected, trained, stale, letters)
+    result.stale_reasons = dict(reasons)
+    return result
 
 
 class _Broker:
@@ -268,21 +281,25 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         timeline: list[tuple[float, int, int]] = []
         pipe = LocalPipeline(cfg, run / "run", model_dir=str(model), replicas=opts.replicas,
                              agent_loop_workers=opts.agent_loop_workers)  # fmt: skip
-        with pipe, closing(_Produced(cfg.kafka, cfg.topics.name("scored"))) as produced:
+        with (
+            pipe,
+            closing(_Produced(cfg.kafka, cfg.topics.name("scored"))) as produced,
+            closing(_Produced(cfg.kafka, cfg.topics.name("policy"))) as versions,
+        ):
             sup = _Supervisor(pipe)
             deadline = started + opts.timeout_s
             result = audit(cfg, expected)
-            scored = 0
-            last_audit = last_fault = time.monotonic()
-            progress_at_fault = -1
+            scored = steps = 0
+            last_audit = time.monotonic()
+            steps_at_fault = -1
             while time.monotonic() < deadline:
                 sup.tick()
                 # Waiting to fire while the replicas generate: the window can be a few seconds
                 # on a fast run, so look every 50 ms and audit (it reads topics) less often.
                 waiting = opts.trigger == "generating" and bool(plan)
-                # The share scored (end offsets: cheap) every turn of the loop, so a fault can
-                # land early in a short run; the full audit (reads topics) every 3 s.
-                scored = produced()
+                # The share scored and the trainer's steps (end offsets: cheap) every turn of
+                # the loop, so a fault can land early in a short run; the full audit every 3 s.
+                scored, steps = produced(), versions()
                 if time.monotonic() - last_audit > (10.0 if waiting else 3.0):
                     result = audit(cfg, expected)
                     last_audit = time.monotonic()
@@ -298,18 +315,23 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 scored_share = share
                 if opts.trigger == "generating":
                     share = 1.0 if _generating(pipe.replica_urls) else 0.0
-                settled = time.monotonic() - last_fault >= opts.fault_gap_s and (
-                    max(scored, result.accounted) > progress_at_fault or share >= 1.0
-                )
-                if plan and share >= plan[0].trigger and settled:
+                # The next fault waits for the pipeline to have recovered from the last: the
+                # trainer published a step since (progress, not seconds, so any machine fits).
+                recovered = steps > steps_at_fault or share >= 1.0
+                if plan and opts.trigger == "scored" and scored_share >= opts.last_fault_share:
+                    # Too late for the faults left: fail now, not after a drain.
+                    log.error("chaos: %.0f%% scored and %s not fired: the run is too short for "
+                              "its faults (raise --samples)", 100 * scored_share,
+                              [f.name for f in plan])  # fmt: skip
+                    break
+                if plan and share >= plan[0].trigger and recovered:
                     fault = plan.pop(0)
                     log.info("chaos: %s at %.0f%%", fault.name, 100 * share)
                     if opts.progress:
                         print(f"  fault {fault.name} at {100 * share:.0f}%", flush=True)
                     fired.append(_inject(fault, pipe, sup, broker, opts.stop_s))
                     fired[-1]["share"] = round(scored_share, 3)  # of samples scored by then
-                    last_fault = time.monotonic()
-                    progress_at_fault = max(scored, result.accounted)
+                    steps_at_fault = versions()
                 if not plan and result.accounted >= result.expected:
                     break
                 if plan and result.accounted >= result.expected:
@@ -317,7 +339,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                     log.warning("chaos: every sample accounted for before %s fired",
                                 [f.name for f in plan])  # fmt: skip
                     break
-                time.sleep(0.05 if waiting else 0.5)
+                time.sleep(0.05 if waiting else 0.25)
             # Let late duplicates (a resumed SIGSTOPped worker, a redelivery) surface.
             time.sleep(5.0)
             sup.tick()
@@ -325,8 +347,11 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
 
         latest = load_latest(cfg.trainer.checkpoint_dir)
         final = audit(cfg, expected, upto=latest.state.version if latest is not None else 0)
+        stale_share = round(final.stale / max(1, final.expected), 4)
         return {
-            "ok": final.ok and not plan,
+            "ok": final.ok and not plan and stale_share <= opts.max_stale_share,
+            "stale_share": stale_share,
+            "stale_reasons": dict(sorted(final.stale_reasons.items())),
             "samples": len(expected),
             "faults_fired": fired,
             "faults_not_fired": [f.name for f in plan],

@@ -7,6 +7,7 @@ Nothing here touches a process, a socket or the clock; `run.py` feeds it numbers
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "percentile",
     "render",
     "stage_rates",
+    "stale_share",
 ]
 
 # (stage, topic, "consumed" | "produced") → counter value, summed over a stage's processes
@@ -128,6 +130,19 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def stale_share(steps: Iterable[Mapping[str, Any]], bound: int) -> dict[str, Any]:
+    """Of the groups the trainer trained, the share past the staleness bound (the soak keeps
+    them all, so this is what the admission gate let through; it should be 0)."""
+    hist: Counter[int] = Counter()
+    for step in steps:
+        for staleness, count in (step.get("staleness_hist") or {}).items():
+            hist[int(staleness)] += int(count)
+    total = sum(hist.values())
+    past = sum(c for s, c in hist.items() if s > bound)
+    return {"groups_trained": total, "stale_share": round(past / total, 4) if total else 0.0,
+            "staleness_max": max(hist, default=0), "max_staleness": bound}  # fmt: skip
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The report as readable tables (the JSON object holds the same figures)."""
     base = report["baseline_minute"]
@@ -135,6 +150,8 @@ def render(report: Mapping[str, Any]) -> str:
         f"soak: {report['minutes']} min of load after {report['ready_s']} s of start-up; "
         f"backlog of {report['backlog_target']} prompts kept offered; achieved "
         f"{report['prompts_per_s']} prompts/s, {report['trajectories_per_s']} trajectories/s",
+        f"staleness: {100 * report['stale_share']:.1f}% of the trained groups past the bound "
+        f"of {report['max_staleness']} (largest {report['staleness_max']})",
         "",
         f"throughput per stage (messages/s, minute {base} to the end)",
     ]

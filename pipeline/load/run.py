@@ -35,7 +35,13 @@ from typing import Any
 
 from pipeline.bench.common import bench_broker, tiny_model
 from pipeline.config import RunConfig
-from pipeline.load.figures import BacklogController, latency_summary, memory_rows, stage_rates
+from pipeline.load.figures import (
+    BacklogController,
+    latency_summary,
+    memory_rows,
+    stage_rates,
+    stale_share,
+)
 from pipeline.load.options import LoadOptions, load_run_config
 from pipeline.load.probes import counters, read_timestamps, tree_rss
 from workers.kafka.config import KafkaConfig
@@ -261,6 +267,10 @@ class _Soak:
             if report["latency"]["unscored"]:
                 self.problems.append(f"{report['latency']['unscored']} trajectories of prompts "
                                      "produced under load were never scored")  # fmt: skip
+        report |= self._staleness()
+        if report["stale_share"]:
+            self.problems.append(f"{100 * report['stale_share']:.1f}% of the trained groups were "
+                                 f"past max_staleness {opts.max_staleness}")  # fmt: skip
         rows = memory_rows(self.memory, [p.name for p in self.pipe.processes]) if ready else []
         report["memory"] = [asdict(r) | {"growth_pct": round(r.growth_pct, 1),
                                          "ok": r.ok(opts.memory_limit_pct)} for r in rows]  # fmt: skip
@@ -273,6 +283,14 @@ class _Soak:
         report["problems"] = self.problems
         report["ok"] = not self.problems
         return report
+
+    def _staleness(self) -> dict[str, Any]:
+        from workers.trainer.metrics import effective_steps
+
+        trainer = self.cfg.trainer
+        path = Path(trainer.metrics_file or Path(trainer.checkpoint_dir) / "metrics.jsonl")
+        steps = effective_steps(path).values() if path.exists() else []
+        return stale_share(steps, self.opts.max_staleness)
 
     def _latency(self, start_wall: float, end_wall: float) -> dict[str, Any]:
         topics = self.cfg.topics

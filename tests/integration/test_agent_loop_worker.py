@@ -204,6 +204,46 @@ async def test_admission_gate_waits_for_the_trainer_and_the_replicas(
         await set_version(0)
 
 
+async def test_the_gate_counts_the_whole_groups_admissions(
+    kafka_config, topics_config, tiny_model, hf_replicas, unique
+) -> None:
+    """A worker that takes over a group (a restart, a second worker) counts the prompts the
+    others took: room for one batch, taken by the first, leaves the second none."""
+    import asyncio
+
+    async def started(worker: AgentLoopWorker, count: int, hold_s: float = 3.0) -> None:
+        for _ in range(240):
+            if (
+                worker.counters["prompts_started"] >= count
+                and worker.counters["trajectories"] >= count
+            ):
+                break
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(hold_s)  # long enough for an unbounded gate to admit more
+        assert worker.counters["prompts_started"] == count
+
+    produce_prompts(kafka_config, topics_config.name("prompts"),
+                    [prompt(f"group-gate-{i}", f"What is {i} + 3?") for i in range(6)])  # fmt: skip
+    cfg = worker_config(
+        tiny_model, hf_replicas, group_id=unique("al"), n=1,
+        admission={"max_staleness": 0, "train_batch_size": 2},
+    )  # fmt: skip
+    first = AgentLoopWorker(kafka_config, topics_config, cfg)
+    task = asyncio.create_task(first.run())
+    try:
+        await started(first, 2)
+    finally:
+        first.stop()
+        await asyncio.wait_for(task, timeout=60)
+    second = AgentLoopWorker(kafka_config, topics_config, cfg)
+    task = asyncio.create_task(second.run())
+    try:
+        await started(second, 0)  # the trainer has consumed none of the first's two
+    finally:
+        second.stop()
+        await asyncio.wait_for(task, timeout=60)
+
+
 async def test_replicas_are_discovered_from_the_replicas_topic(
     kafka_config, kafka_bootstrap, topics_config, tiny_model, unique, tmp_path
 ) -> None:

@@ -18,7 +18,7 @@ def test_killing_a_worker_mid_stream_loses_nothing_and_trains_nothing_twice(
         ChaosOptions(
             samples=64, n=4, agent_loop_workers=2, replicas=1, faults=("kill:agent-loop-0",),
             bootstrap=kafka_bootstrap, run_dir=str(tmp_path), timeout_s=400, progress=False,
-            fault_gap_s=0.0, max_tokens=16,
+            max_tokens=16,
             # Fire while the replicas are generating: the samples come out in one step.
             trigger="generating",
         )

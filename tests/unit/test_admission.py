@@ -46,3 +46,34 @@ def test_groups_dropped_upstream_free_their_capacity() -> None:
     assert not gate.can_admit()
     gate.observe_dropped()  # e.g. a zero-variance group the replay stage dropped
     assert gate.room() == 1
+
+
+def test_nothing_is_admitted_before_the_groups_count_arrives() -> None:
+    gate = AdmissionGate(max_staleness=1, train_batch_size=2, synced=False)
+    assert gate.room() == 0
+    gate.observe_started(3)  # the group took 3 of the 4 the bound allows
+    assert gate.room() == 1
+
+
+def test_a_restarted_worker_counts_what_the_group_took_before_it() -> None:
+    gate = AdmissionGate(max_staleness=1, train_batch_size=2, synced=False)
+    gate.observe_trained(10)  # the trainer consumed 10 groups before this worker started
+    gate.observe_started(14)  # and the group had started 14: the bound of 4 is reached
+    assert gate.room() == 0
+    gate.observe_trained(12)
+    assert gate.room() == 2
+
+
+def test_each_worker_takes_its_share_of_the_free_room_until_the_next_count() -> None:
+    gate = AdmissionGate(max_staleness=4, train_batch_size=2)  # room for 10 groups
+    gate.share = 0.5  # two workers, half of the partitions each
+    gate.observe_started(0)
+    taken = 0
+    while gate.can_admit():
+        gate.admit()
+        taken += 1
+    assert taken == 5  # not all 10: the other worker sees the same free room
+    gate.observe_trained(2)
+    assert gate.room() == 0  # until the next count
+    gate.observe_started(8)  # the other took its 5 too, then the trainer freed 2
+    assert gate.room() == 2  # ceil(4 free x 0.5)

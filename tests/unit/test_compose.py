@@ -23,6 +23,7 @@ import yaml
 
 from pipeline.cli import build_parser
 from pipeline.config import load_config
+from pipeline.scrape import COMPOSE_SERVICES
 from workers.metrics import NAMES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
@@ -284,6 +285,22 @@ def test_every_process_serves_metrics_and_prometheus_scrapes_them_all() -> None:
     }
     scaled = {name for name, svc in services.items() if "deploy" in svc}
     assert scaled <= dns_names
+
+
+def _process_name(args: argparse.Namespace) -> str:
+    """The name `stage_plan` gives the process a compose command runs."""
+    if _is_replica(args):
+        return str(args.replica_id)
+    if args.command == "replica":  # sync: named after the replica it keeps current
+        return "sync-" + args.replica.rpartition("//")[2].split(":")[0].rpartition("-")[2]
+    return "train" if args.command == "train" else str(args.stage)
+
+
+def test_the_scrape_sources_services_are_the_compose_services() -> None:
+    running = {
+        name: _process_name(_args(svc)) for name, svc in _built().items() if not _one_shot(svc)
+    }
+    assert running == COMPOSE_SERVICES
 
 
 def test_prometheus_and_grafana_files_are_mounted() -> None:

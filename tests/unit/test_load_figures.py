@@ -14,6 +14,7 @@ from pipeline.load.figures import (
     percentile,
     render,
     stage_rates,
+    stale_share,
 )
 
 MB = 1024 * 1024
@@ -101,7 +102,7 @@ def test_render_shows_every_table_and_the_verdict() -> None:
         "latency": {"count": 10, "p50_s": 1.5, "p99_s": 3.0, "max_s": 3.1, "unscored": 0},
         "lag": [{"t_s": 0.0, "groups": {"agent-loop": {"prompts": 24}}},
                 {"t_s": 15.0, "groups": {"agent-loop": {"prompts": 20}, "trainer": {"replay": 3}}}],
-        "memory_limit_pct": 20.0,
+        "memory_limit_pct": 20.0, "stale_share": 0.0, "max_staleness": 8, "staleness_max": 3,
         "memory": [{**r.__dict__, "growth_pct": r.growth_pct, "ok": r.ok(20.0)} for r in rows],
         "problems": ["train grew 50.0% (limit 20.0%)"], "ok": False,
     }  # fmt: skip
@@ -109,4 +110,12 @@ def test_render_shows_every_table_and_the_verdict() -> None:
     assert "consumed turns" in text and "p99 3.0 s" in text
     assert "agent-loop prompts" in text and "trainer replay" in text
     assert "+50.0" in text and "FAIL" in text
+    assert "0.0% of the trained groups past the bound of 8 (largest 3)" in text
     assert text.splitlines()[-1] == "NOT OK"
+
+
+def test_stale_share_counts_the_trained_groups_past_the_bound() -> None:
+    steps = [{"staleness_hist": {"0": 3, "2": 1}}, {"staleness_hist": {"9": 1, "1": 5}}, {}]
+    assert stale_share(steps, 8) == {"groups_trained": 10, "stale_share": 0.1,
+                                     "staleness_max": 9, "max_staleness": 8}  # fmt: skip
+    assert stale_share([], 8)["stale_share"] == 0.0

@@ -33,13 +33,24 @@ def _generated(replica: Replica) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+def _none_done(tasks: list[asyncio.Task]) -> None:
+    """Fail, with its own error when it raised one, if a generation ended before the update."""
+    for task in tasks:
+        if task.done():
+            out = task.result()  # raises the generation's own error
+            raise AssertionError(f"a generation finished before the update: {out!r:.300}")
+
+
 async def _generate_across_update(replica: Replica, new_weights: Path, version: int) -> list:
     from workers.llm.balancer import Replica as Routed
     from workers.llm.client import LLMClient
     from workers.llm.config import LLMClientConfig
 
     params = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "logprobs": 0}
-    async with LLMClient(LLMClientConfig(), [Routed("vllm-tied", replica.url)]) as client:
+    # Health probes that time out on a loaded machine must not take the only replica out of
+    # routing: this test is about the resume, not about health checks.
+    config = LLMClientConfig(health_timeout_s=30.0, health_failures=100, no_replica_wait_s=300.0)
+    async with LLMClient(config, [Routed("vllm-tied", replica.url)]) as client:
         before = await asyncio.to_thread(_generated, replica)
         tasks = [
             asyncio.create_task(client.generate(f"resume-{i}", PROMPT, params))
@@ -47,9 +58,10 @@ async def _generate_across_update(replica: Replica, new_weights: Path, version: 
         ]
         deadline = time.monotonic() + 120
         while await asyncio.to_thread(_generated, replica) < before + 8 * PARALLEL:
-            assert time.monotonic() < deadline and not any(t.done() for t in tasks)
+            _none_done(tasks)
+            assert time.monotonic() < deadline, "vLLM generated too few tokens in 120 s"
             await asyncio.sleep(0.01)
-        assert not any(t.done() for t in tasks), "a generation finished before the update"
+        _none_done(tasks)
         await asyncio.to_thread(replica.update_weights, new_weights, version)
         return list(await asyncio.gather(*tasks))
 

@@ -6,6 +6,8 @@
 - `rl.stale`: groups dropped before the trainer (the replay stage's drops, no trainer
   header). The trainer's own drops carry `rl.stale.trainer_version` and are skipped: the
   trainer counts those in `groups_trained` already.
+- `rl.dlq`: the prompts dead-lettered by any agent-loop worker, resolved without a group (the
+  gate counts the whole consumer group's prompts, so every worker's dead letters too).
 - `rl.replicas`: replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed by
   the replica id); the router adds and drops them.
 
@@ -20,14 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from schemas.events import PolicyVersion, ReplicaInfo
+from schemas.headers import DLQ_PREFIX
 from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import follower, tail
 
-__all__ = ["follow_policy", "follow_replicas", "follow_upstream_drops"]
+__all__ = ["follow_dead_prompts", "follow_policy", "follow_replicas", "follow_upstream_drops"]
 
 log = logging.getLogger("rollout.agent_loop.follow")
+
+DLQ_SOURCE = DLQ_PREFIX + "topic"  # the topic a dead letter came from
 
 
 async def follow_policy(
@@ -49,11 +54,34 @@ async def follow_upstream_drops(
     kafka: KafkaConfig, topics: TopicsConfig, gate: AdmissionGate, *, client_id: str
 ) -> None:
     """Count the groups dropped before the trainer (stale topic, no trainer header)."""
-    consumer = follower(kafka, topics.name("stale"), client_id=client_id)
+    await _count_drops(
+        kafka, topics.name("stale"), gate, client_id, lambda h: not is_trainer_drop(h)
+    )
+
+
+async def follow_dead_prompts(
+    kafka: KafkaConfig, topics: TopicsConfig, gate: AdmissionGate, *, client_id: str
+) -> None:
+    """Count the prompts dead-lettered by the agent-loop stage (any worker of it)."""
+    prompts = topics.name("prompts").encode()
+    await _count_drops(
+        kafka, topics.name("dlq"), gate, client_id, lambda h: dict(h).get(DLQ_SOURCE) == prompts
+    )
+
+
+async def _count_drops(
+    kafka: KafkaConfig,
+    topic: str,
+    gate: AdmissionGate,
+    client_id: str,
+    counts: Callable[[list[tuple[str, bytes]]], bool],
+) -> None:
+    """Tell the gate of every record of `topic` whose headers `counts`, from the beginning."""
+    consumer = follower(kafka, topic, client_id=client_id)
     await consumer.start()
     try:
         async for record in consumer:
-            if not is_trainer_drop(record.headers):
+            if counts(list(record.headers or ())):
                 gate.observe_dropped()
     finally:
         await consumer.stop()

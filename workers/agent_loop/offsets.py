@@ -32,6 +32,7 @@ class PartitionOffsets:
     pending: set[int] = field(default_factory=set)
     _heap: list[int] = field(default_factory=list)  # pending offsets; finished ones removed lazily
     committed: int | None = None  # what was last handed out for commit
+    announced: int | None = None  # the started-through last committed with it (metadata)
 
     def start(self, offset: int) -> None:
         if self.highest is not None and offset <= self.highest:
@@ -78,11 +79,36 @@ class OffsetTracker:
                 out[partition] = part.next_commit
         return out
 
+    def commit_points(self) -> dict[Hashable, tuple[int, int]]:
+        """Partitions whose commit position or started-through offset moved since the last
+        `mark_points` → (position, started-through). The second goes out as the commit's
+        metadata, so the rest of the group sees what this worker has admitted, finished or
+        not (the admission gate counts it)."""
+        out: dict[Hashable, tuple[int, int]] = {}
+        for partition, part in self._parts.items():
+            if part.next_commit is None or part.highest is None:
+                continue
+            point = (part.next_commit, part.highest + 1)
+            if (part.committed, part.announced) != point:
+                out[partition] = point
+        return out
+
+    def mark_points(self, points: dict[Hashable, tuple[int, int]]) -> None:
+        for partition, (position, started) in points.items():
+            part = self._parts.get(partition)
+            if part is not None:
+                part.committed, part.announced = position, started
+
     def mark_committed(self, positions: dict[Hashable, int]) -> None:
         for partition, position in positions.items():
             part = self._parts.get(partition)
             if part is not None:
                 part.committed = position
+
+    def started_through(self, partition: Hashable) -> int | None:
+        """One past the highest offset started on `partition` (None: nothing started)."""
+        part = self._parts.get(partition)
+        return None if part is None or part.highest is None else part.highest + 1
 
     def position(self, partition: Hashable) -> int | None:
         part = self._parts.get(partition)

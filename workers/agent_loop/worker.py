@@ -50,7 +50,12 @@ from workers.agent_loop.admission import AdmissionGate
 from workers.agent_loop.base import AgentContext, TurnRecord
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
-from workers.agent_loop.follow import follow_policy, follow_replicas, follow_upstream_drops
+from workers.agent_loop.follow import (
+    follow_dead_prompts,
+    follow_policy,
+    follow_replicas,
+    follow_upstream_drops,
+)
 from workers.agent_loop.loops import get_agent_loop
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
@@ -67,6 +72,14 @@ __all__ = ["AgentLoopWorker"]
 log = logging.getLogger("rollout.agent_loop.worker")
 
 STAGE = "agent-loop"
+
+
+def _started_through(metadata: str | None) -> int:
+    """A commit's metadata as this stage writes it (the started-through offset), else 0."""
+    try:
+        return int(metadata or 0)
+    except ValueError:
+        return 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -101,7 +114,9 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.tools = tools
         self.tracker = OffsetTracker()
-        self.gate = AdmissionGate(config.admission.max_staleness, config.admission.train_batch_size)
+        self.gate = AdmissionGate(
+            config.admission.max_staleness, config.admission.train_batch_size, synced=False
+        )
         self.counters: dict[str, int] = defaultdict(int)
         self._tasks: dict[TopicPartition, dict[int, asyncio.Task[None]]] = defaultdict(dict)
         self._samples_in_flight = 0
@@ -167,6 +182,9 @@ class AgentLoopWorker:
             self._follow(
                 follow_upstream_drops(self.kafka, self.topics, self.gate, client_id=f"{tail}-stale")
             )
+            self._follow(
+                follow_dead_prompts(self.kafka, self.topics, self.gate, client_id=f"{tail}-dlq")
+            )
         self.consumer = AIOKafkaConsumer(
             group_id=cfg.group_id,
             enable_auto_commit=False,
@@ -177,6 +195,8 @@ class AgentLoopWorker:
         )
         self.consumer.subscribe([self.topics.name("prompts")], listener=_Rebalance(self))
         await self.consumer.start()
+        if cfg.admission.max_staleness is not None:
+            self._follow(self._follow_group_progress())
 
     def _follow(self, follower: Coroutine[Any, Any, None]) -> None:
         """Run a follower of another stage's topic (`follow`) until shutdown."""
@@ -283,8 +303,7 @@ class AgentLoopWorker:
                     )
                 await self._run_prompt(prompt)
             except (DecodeError, AgentLoopError, BadRequestError) as exc:
-                await self._dead_letter(record, exc)
-                self.gate.observe_dropped()
+                await self._dead_letter(record, exc)  # the gate counts it from rl.dlq
             except RolloutError:
                 raise
             except KafkaError as exc:
@@ -296,7 +315,6 @@ class AgentLoopWorker:
                 await self._dead_letter(
                     record, AgentLoopError(f"{type(exc).__name__}: {exc}", cause="agent_loop")
                 )
-                self.gate.observe_dropped()
             self.tracker.finish(tp, record.offset)
             self.counters["prompts_done"] += 1
         except asyncio.CancelledError:
@@ -381,19 +399,23 @@ class AgentLoopWorker:
     # --- offsets and rebalancing -------------------------------------------------------
 
     async def _commit(self, only: list[TopicPartition] | None = None) -> None:
-        positions = self.tracker.committable()
+        points = self.tracker.commit_points()
         if only is not None:
-            positions = {tp: pos for tp, pos in positions.items() if tp in only}
-        if not positions or self.consumer is None:
+            points = {tp: point for tp, point in points.items() if tp in only}
+        if not points or self.consumer is None:
             return
         try:
-            await self.consumer.commit(positions)
+            # The metadata is how far this worker has started on the partition: the other
+            # workers' admission gates count prompts in flight here before they finish.
+            await self.consumer.commit(
+                {tp: (pos, str(started)) for tp, (pos, started) in points.items()}
+            )
         except CommitFailedError as exc:
             # The group rebalanced under us: these prompts are redelivered to their new owner
             # (at-least-once; downstream de-duplicates), which is no reason to crash.
             log.warning("commit failed after a rebalance (%s); the new owner redoes them", exc)
             return
-        self.tracker.mark_committed(positions)
+        self.tracker.mark_points(points)
 
     async def _revoke(self, revoked: list[TopicPartition]) -> None:
         tasks = [t for tp in revoked for t in self._tasks.get(tp, {}).values()]
@@ -409,6 +431,44 @@ class AgentLoopWorker:
         if tasks:
             log.info("revoked %d partitions; %d unfinished prompts go to the new owner",
                      len(revoked), len(tasks))  # fmt: skip
+
+    async def _follow_group_progress(self) -> None:
+        """Feed the gate the prompts the whole group has taken, twice a second (admission.py):
+        per partition, the furthest of its committed offset, the started-through offset its
+        owner committed as metadata, and this worker's own start when it owns it."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        assert self.consumer is not None
+        topic = self.topics.name("prompts")
+        admin = AIOKafkaAdminClient(
+            client_id=f"{self.kafka.client_id}-{STAGE}-gate", **self.kafka.aiokafka_kwargs()
+        )
+        await admin.start()
+        try:
+            while True:
+                try:
+                    offsets = await admin.list_consumer_group_offsets(self.config.group_id)
+                    mine = self.consumer.assignment()
+                    taken = 0
+                    for tp in {*offsets, *mine}:
+                        if tp.topic != topic:
+                            continue
+                        meta = offsets.get(tp)
+                        own = self.tracker.started_through(tp) if tp in mine else None
+                        taken += max(
+                            meta.offset if meta is not None else 0,
+                            _started_through(meta.metadata) if meta is not None else 0,
+                            own or 0,
+                        )
+                    parts = self.consumer.partitions_for_topic(topic) or ()
+                    owned = sum(tp.topic == topic for tp in mine)
+                    self.gate.share = owned / len(parts) if parts else 1.0
+                    self.gate.observe_started(taken)
+                except KafkaError as exc:  # the broker is away: keep the last count, try again
+                    log.debug("group progress unavailable: %r", exc)
+                await asyncio.sleep(0.5)
+        finally:
+            await admin.close()
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)
