@@ -166,6 +166,13 @@ def cmd_bench_train_step(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def cmd_bench_fsdp(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.bench.fsdp import run
+
+    _emit(run(ranks=args.ranks), args.json)
+    return 0
+
+
 def _checked_model(args: argparse.Namespace, flag: str = "model") -> None:
     """A given --model (or --tokenizer) must be a model directory: one line now, not a
     traceback from a stage's log after the pipeline started."""
@@ -273,3 +280,7 @@ def add_bench_parsers(sub: Any) -> None:
     step.add_argument("--rounds", type=int, default=7)
     step.add_argument("--json", action="store_true")
     step.set_defaults(handler=cmd_bench_train_step)
+    fsdp = bsub.add_parser("fsdp", help="One trainer step: 1 process vs N FSDP2 gloo ranks.")
+    fsdp.add_argument("--ranks", type=int, default=2)
+    fsdp.add_argument("--json", action="store_true")
+    fsdp.set_defaults(handler=cmd_bench_fsdp)
