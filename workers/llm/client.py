@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from workers.llm.balancer import Balancer, Replica
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import (
+    LOAD_HEADER,
     CompletionChoice,
     CompletionResponse,
     GenerateOutput,
@@ -141,6 +142,7 @@ class LLMClient:
             sticky_size=self.config.sticky_size,
             deterministic=self.config.deterministic,
             routing=self.config.routing,
+            load_ttl_s=self.config.load_ttl_s,
         )
         self.state = ClientState.NEW
         self._session: aiohttp.ClientSession | None = None
@@ -246,6 +248,7 @@ class LLMClient:
                     partial=got.output("abort"),
                 )
             rep = await self._acquire(request_id, deadline, got)
+            load: int | None = None  # the replica's report on this response, if it made one
             try:
                 body.update(
                     prompt=[*prompt_ids, *got.tokens], max_tokens=remaining, request_id=request_id
@@ -253,7 +256,7 @@ class LLMClient:
                 if params.seed is not None:
                     context = len(prompt_ids) + len(got.tokens)
                     body["seed"] = piece_seed(params.seed, request_id, context)
-                version, choice = await self._complete(rep, body, deadline - loop.time())
+                version, choice, load = await self._complete(rep, body, deadline - loop.time())
             except RETRYABLE_ERRORS as exc:
                 failures += 1
                 last_error = exc
@@ -309,7 +312,7 @@ class LLMClient:
                     await asyncio.sleep(cfg.backoff_initial_s)
                     continue
             finally:
-                self.balancer.release(rep, request_id)
+                self.balancer.release(rep, request_id, load=load)
             if failures > cfg.max_retries:
                 raise RetriesExhaustedError(
                     f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
@@ -347,8 +350,9 @@ class LLMClient:
 
     async def _complete(
         self, rep: Replica, body: dict[str, Any], time_left: float
-    ) -> tuple[int, CompletionChoice]:
-        """One HTTP request; maps every transport problem onto the exception tree."""
+    ) -> tuple[int, CompletionChoice, int | None]:
+        """One HTTP request; maps every transport problem onto the exception tree. Returns the
+        policy version, the choice and the load the replica reported (`LOAD_HEADER`), if any."""
         assert self._session is not None
         cfg = self.config
         timeout = aiohttp.ClientTimeout(
@@ -365,6 +369,7 @@ class LLMClient:
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+                reported = resp.headers.get(LOAD_HEADER, "")
         except TimeoutError as exc:
             self._abort_soon(rep, rid)
             raise ReplicaTimeoutError(
@@ -380,7 +385,8 @@ class LLMClient:
         if status == 200:
             try:
                 out = CompletionResponse.model_validate_json(raw)
-                return out.policy_version, out.choices[0]
+                load = int(reported) if reported.isdigit() else None
+                return out.policy_version, out.choices[0], load
             except (ValidationError, IndexError) as exc:
                 raise ReplicaServerError(
                     f"response breaks the contract: {exc}", replica_id=rep.replica_id, status=status

@@ -35,6 +35,7 @@ from prometheus_client.core import Metric
 from pydantic import ValidationError
 
 from workers.llm.contract import (
+    LOAD_HEADER,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -184,7 +185,18 @@ async def _update_weights(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    return _ok(request, {"status": "ok", "version": _engine(request).version})
+    engine = _engine(request)
+    return _ok(request, {"status": "ok", "version": engine.version, "load": _load(engine)})
+
+
+def _load(engine: HFEngine) -> int:
+    return int(engine.running + engine.waiting)
+
+
+async def _report_load(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response carries the replica's load (`LOAD_HEADER`); an answered completion's
+    sequence has left the engine by then, so it is not counted."""
+    response.headers[LOAD_HEADER] = str(_load(_engine(request)))
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -250,6 +262,7 @@ async def create_app(
         await engine.aclose()
 
     app.on_cleanup.append(_close)
+    app.on_response_prepare.append(_report_load)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/abort_requests", _abort)
     app.router.add_post("/pause", _pause)
