@@ -148,6 +148,7 @@ class LLMClient:
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._loads: dict[str, int] = {}  # request id -> load reported on its last response
         self._routable = asyncio.Event()
         self.health = HealthChecker(
             self.balancer,
@@ -248,7 +249,6 @@ class LLMClient:
                     partial=got.output("abort"),
                 )
             rep = await self._acquire(request_id, deadline, got)
-            load: int | None = None  # the replica's report on this response, if it made one
             try:
                 body.update(
                     prompt=[*prompt_ids, *got.tokens], max_tokens=remaining, request_id=request_id
@@ -256,7 +256,7 @@ class LLMClient:
                 if params.seed is not None:
                     context = len(prompt_ids) + len(got.tokens)
                     body["seed"] = piece_seed(params.seed, request_id, context)
-                version, choice, load = await self._complete(rep, body, deadline - loop.time())
+                version, choice = await self._complete(rep, body, deadline - loop.time())
             except RETRYABLE_ERRORS as exc:
                 failures += 1
                 last_error = exc
@@ -312,7 +312,8 @@ class LLMClient:
                     await asyncio.sleep(cfg.backoff_initial_s)
                     continue
             finally:
-                self.balancer.release(rep, request_id, load=load)
+                # with the load the replica reported on this response, if it made one
+                self.balancer.release(rep, request_id, load=self._loads.pop(request_id, None))
             if failures > cfg.max_retries:
                 raise RetriesExhaustedError(
                     f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
@@ -350,9 +351,9 @@ class LLMClient:
 
     async def _complete(
         self, rep: Replica, body: dict[str, Any], time_left: float
-    ) -> tuple[int, CompletionChoice, int | None]:
-        """One HTTP request; maps every transport problem onto the exception tree. Returns the
-        policy version, the choice and the load the replica reported (`LOAD_HEADER`), if any."""
+    ) -> tuple[int, CompletionChoice]:
+        """One HTTP request; maps every transport problem onto the exception tree. The load the
+        replica reported (`LOAD_HEADER`) waits in `_loads` for the request's `release`."""
         assert self._session is not None
         cfg = self.config
         timeout = aiohttp.ClientTimeout(
@@ -385,8 +386,9 @@ class LLMClient:
         if status == 200:
             try:
                 out = CompletionResponse.model_validate_json(raw)
-                load = int(reported) if reported.isdigit() else None
-                return out.policy_version, out.choices[0], load
+                if reported.isdigit():
+                    self._loads[rid] = int(reported)
+                return out.policy_version, out.choices[0]
             except (ValidationError, IndexError) as exc:
                 raise ReplicaServerError(
                     f"response breaks the contract: {exc}", replica_id=rep.replica_id, status=status

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import ValidationError
 
 from workers.llm.contract import (
@@ -60,8 +60,8 @@ _STATE = web.AppKey("state", dict)
 class _EngineCollector:
     """Prometheus collector that reads the engine's counters at scrape time."""
 
-    def __init__(self, engine: HFEngine, replica_id: str) -> None:
-        self.engine, self.replica = engine, replica_id
+    def __init__(self, engine: HFEngine, replica_id: str, state: dict[str, Any]) -> None:
+        self.engine, self.replica, self.state = engine, replica_id, state
 
     def describe(self) -> list[Metric]:
         return []
@@ -77,6 +77,17 @@ class _EngineCollector:
             prefix_cache_hits=stats.prefix_cache_hits,
             policy_version=e.version,
         )
+        # What the balancers rank by (also the `LOAD_HEADER` of every response), and how many
+        # completions this replica answered (`rollout bench routing` counts them per replica).
+        load = GaugeMetricFamily(
+            "rollout_replica_load", "Running + waiting requests.", labels=["replica"]
+        )
+        load.add_metric([self.replica], float(_load(e)))
+        done = CounterMetricFamily(
+            "rollout_replica_completions", "Completions answered.", labels=["replica"]
+        )
+        done.add_metric([self.replica], float(self.state.get("completions", 0)))
+        yield from (load, done)
 
 
 def _error(status: int, message: str, kind: str, version: int) -> web.Response:
@@ -149,6 +160,7 @@ async def _completions(request: web.Request) -> web.Response:
         },
         policy_version=result.policy_version,
     )
+    state["completions"] = state.get("completions", 0) + 1
     return web.Response(body=response.model_dump_json(), content_type="application/json")
 
 
@@ -248,7 +260,6 @@ async def create_app(
     engine = await asyncio.to_thread(HFEngine, model_dir, config, version)
     tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(engine, replica_id))  # type: ignore[arg-type]
     app = web.Application(middlewares=[_errors])
     app[_ENGINE] = engine
     app[_STATE] = {
@@ -256,7 +267,9 @@ async def create_app(
         "model_name": served_model_name or str(model_dir),
         "tokenizer": tokenizer,
         "registry": registry,
+        "completions": 0,
     }
+    registry.register(_EngineCollector(engine, replica_id, app[_STATE]))  # type: ignore[arg-type]
 
     async def _close(_: web.Application) -> None:
         await engine.aclose()
