@@ -180,7 +180,7 @@ def cmd_bench_routing(args: argparse.Namespace, cfg: RunConfig) -> int:
     result = run(
         cfg.kafka, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
         workers=args.workers, in_flight=args.in_flight, big_batch=args.big_batch,
-        small_batch=args.small_batch, model_dir=args.model,
+        small_batch=args.small_batch, rounds=args.rounds, model_dir=args.model,
     )  # fmt: skip
     _emit(result, args.json)
     return 0
@@ -305,6 +305,7 @@ def add_bench_parsers(sub: Any) -> None:
     routing.add_argument("--in-flight", type=int, default=8, help="Samples in flight per worker.")
     routing.add_argument("--big-batch", type=int, default=16, help="The big replica's max batch.")
     routing.add_argument("--small-batch", type=int, default=1, help="The small one's.")
+    routing.add_argument("--rounds", type=int, default=2, help="Runs of each mode (ABBA order).")
     routing.add_argument("--model", help="Model directory (default: build the tiny model).")
     routing.add_argument("--json", action="store_true")
     routing.set_defaults(handler=cmd_bench_routing)

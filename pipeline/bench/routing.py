@@ -10,7 +10,8 @@ worker's requests). Responses are `ignore_eos` with a fixed token budget, so eve
 costs the same.
 
 Figures: `trajectories_per_s_local` and `trajectories_per_s_load` (final turns on the turns
-topic, from the first to the last, Kafka record times), `ratio` = load / local, and
+topic, from the first to the last, Kafka record times; summed over `rounds` runs of each mode,
+run in ABBA order, each run with prompts of its own), `ratio` = load / local, and
 `requests_local`/`requests_load`: completions each replica answered in that mode (the
 replicas' `rollout_replica_completions` counter, before and after).
 """
@@ -101,11 +102,11 @@ def _final_turn_times(kafka: KafkaConfig, topic: str, want: int, procs: list[Sta
     return sorted(times)
 
 
-def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str, *, prompts: int,
-         n: int, max_tokens: int, workers: int, in_flight: int,
+def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str, seed: int, *,
+         prompts: int, n: int, max_tokens: int, workers: int, in_flight: int,
          timeout_s: float) -> dict[str, Any]:  # fmt: skip
     prefix = f"route-{mode}-{uuid.uuid4().hex[:6]}."
-    run_dir = root / mode
+    run_dir = root / f"{mode}-{seed}"
     (run_dir / "logs").mkdir(parents=True)
     cfg = local_run_config(
         kafka, prefix, model, run_dir, n=n, train_batch_size=4, max_tokens=max_tokens,
@@ -118,7 +119,7 @@ def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str,
     config_path.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
     before = {url: _completions(url) for url in urls}
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        producer.produce_rows(arithmetic_rows(prompts, seed=1), uid_prefix=prefix)
+        producer.produce_rows(arithmetic_rows(prompts, seed=seed), uid_prefix=prefix)
     argv = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path), "worker",
             "agent-loop", "--model", model] + [a for url in urls for a in ("--replica", url)]  # fmt: skip
     procs = [StageProcess(f"agent-loop-{i}", argv, run_dir / "logs" / f"agent-loop-{i}.log")
@@ -151,7 +152,8 @@ def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str,
 
 def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 32,
         workers: int = 3, in_flight: int = 8, big_batch: int = 16, small_batch: int = 1,
-        model_dir: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
+        rounds: int = 2, model_dir: str | None = None,
+        timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
     settings = {"prompts": prompts, "n": n, "max_tokens": max_tokens, "workers": workers,
                 "in_flight_per_worker": in_flight, "big_batch": big_batch,
                 "small_batch": small_batch}  # fmt: skip
@@ -176,22 +178,24 @@ def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 
                 proc.start(env)
             urls = [f"http://127.0.0.1:{ports[name]}" for name in names]
             _wait_healthy(urls, replicas, 120)
-            runs = {mode: _one(kafka_cfg, model, urls, root, mode, timeout_s=timeout_s,
-                               prompts=prompts, n=n, max_tokens=max_tokens, workers=workers,
-                               in_flight=in_flight) for mode in MODES}  # fmt: skip
+            # ABBA...: neither mode always runs on warmer replicas; every run has prompts of
+            # its own, so no run finds another's prompts in the replicas' prefix caches
+            order = [m for r in range(rounds) for m in (("local", "load") if r % 2 == 0
+                                                        else ("load", "local"))]  # fmt: skip
+            runs = [(mode, _one(kafka_cfg, model, urls, root, mode, 100 + i, timeout_s=timeout_s,
+                                prompts=prompts, n=n, max_tokens=max_tokens, workers=workers,
+                                in_flight=in_flight)) for i, mode in enumerate(order)]  # fmt: skip
         finally:
             for proc in replicas:
                 proc.signal(15)
     label = dict(zip(urls, names, strict=True))
-    local, load = runs["local"]["trajectories_per_s"], runs["load"]["trajectories_per_s"]
-    return {
-        "benchmark": "routing",
-        **settings,
-        "trajectories_per_s_local": local,
-        "trajectories_per_s_load": load,
-        "ratio": round(load / local, 3) if local else None,
-        "requests_local": {label[u]: c for u, c in runs["local"]["requests"].items()},
-        "requests_load": {label[u]: c for u, c in runs["load"]["requests"].items()},
-        "span_s_local": runs["local"]["span_s"],
-        "span_s_load": runs["load"]["span_s"],
-    }
+    out: dict[str, Any] = {"benchmark": "routing", **settings, "rounds": rounds}
+    for mode in MODES:
+        mine = [r for m, r in runs if m == mode]
+        done = sum(r["trajectories"] - 1 for r in mine)
+        out[f"trajectories_per_s_{mode}"] = round(done / sum(r["span_s"] for r in mine), 3)
+        out[f"requests_{mode}"] = {label[u]: sum(r["requests"][u] for r in mine) for u in urls}
+        out[f"rounds_{mode}"] = [r["trajectories_per_s"] for r in mine]
+    local, load = out["trajectories_per_s_local"], out["trajectories_per_s_load"]
+    out["ratio"] = round(load / local, 3) if local else None
+    return out
