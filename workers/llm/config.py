@@ -53,8 +53,17 @@ class LLMClientConfig(BaseModel):
         default=False, description="Break routing ties by a stable hash of the request id."
     )
     routing: Routing = Field(
-        default="sticky",
-        description="`sticky` (sticky LRU, then least in-flight) or `round_robin` (a baseline).",
+        default="load",
+        description="`load` (sticky LRU, then least load as the replicas report it, plus this "
+        "process's requests since the report), `sticky` (sticky LRU, then least in-flight of "
+        "this process only) or `round_robin` (a baseline).",
+    )
+    load_ttl_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A replica's load report older than this is unknown (routing `load`): "
+        "its load counts as its own in-flight plus the highest fresh load, never as idle.",
     )
     health_interval_s: float = Field(
         default=2.0, gt=0, description="Seconds between /health probes of every known replica."
