@@ -4,6 +4,7 @@ The YAML file holds `kafka`, `topics` and `trainer` sections (each optional; the
 defaults apply). `--bootstrap` and `--prefix` override the file. SIGTERM or Ctrl-C stops the
 trainer cleanly (final checkpoint + PolicyVersion). Exit status 2 for a bad config, 1 for a
 trainer error, 0 otherwise; the last line on stdout is the run's result as JSON.
+With `trainer.nproc > 1` (or under torchrun) it runs sharded: see `workers.trainer.sharded`.
 """
 
 from __future__ import annotations
@@ -57,17 +58,29 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    from workers.trainer.trainer import run_trainer
+    from workers.trainer.launch import launched_by_torchrun, relaunch
 
+    if stage.trainer.nproc > 1 and not launched_by_torchrun():
+        return relaunch(
+            stage.trainer.nproc, "workers.trainer", sys.argv[1:] if argv is None else argv
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        result = run_trainer(stage.kafka, stage.topics, stage.trainer, stop)
+        if launched_by_torchrun():
+            from workers.trainer.sharded import run_sharded_trainer
+
+            result = run_sharded_trainer(stage.kafka, stage.topics, stage.trainer, stop)
+        else:
+            from workers.trainer.trainer import run_trainer
+
+            result = run_trainer(stage.kafka, stage.topics, stage.trainer, stop)
     except RolloutError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(asdict(result)))
+    if result is not None:  # ranks > 0 have nothing to report
+        print(json.dumps(asdict(result)))
     return 0
 
 
