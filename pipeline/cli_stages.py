@@ -217,14 +217,41 @@ def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     from dataclasses import asdict
 
+    from workers.trainer.launch import launched_by_torchrun
     from workers.trainer.trainer import run_trainer
 
     trainer_cfg = cfg.trainer
     if args.model:
         trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
+    if args.nproc:
+        trainer_cfg = trainer_cfg.model_copy(update={"nproc": args.nproc})
+    if trainer_cfg.nproc > 1 or launched_by_torchrun():
+        return _train_sharded(args, cfg, trainer_cfg)
     stop, metrics = _stop_event_on_signals(), _metrics("train", args)
     result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
     print_json(asdict(result))
+    return 0
+
+
+def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -> int:
+    """`rollout train` as N torchrun ranks: relaunch this very command under torchrun, then in
+    each rank run `workers.trainer.sharded` (metrics served and the result printed by rank 0)."""
+    import os
+    import sys
+    from dataclasses import asdict
+
+    from workers.trainer.launch import launched_by_torchrun, relaunch
+
+    if not launched_by_torchrun():
+        return relaunch(trainer_cfg.nproc, "pipeline.cli", sys.argv[1:])
+    from workers.trainer.sharded import run_sharded_trainer
+
+    rank0 = os.environ.get("RANK", "0") == "0"
+    stop = _stop_event_on_signals()
+    metrics = _metrics("train", args) if rank0 else None
+    result = run_sharded_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
+    if result is not None:
+        print_json(asdict(result))
     return 0
 
 
@@ -290,6 +317,13 @@ def add_stage_parsers(sub: Any) -> None:
 
     train = sub.add_parser("train", help="The off-policy trainer on the replay topic.")
     train.add_argument("--model", help="Model directory (trainer.model_dir).")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Ranks on this node, FSDP2-sharded via torchrun (trainer.nproc; 1: one process).",
+    )
     _add_metrics_port(train)
     train.set_defaults(handler=cmd_train)
 

@@ -90,10 +90,13 @@ class RunConfig(BaseSettings):
                 ("trainer", self.trainer.max_staleness),
                 ("replay", self.replay.max_staleness),
             ):
-                if value is not None and value != gate.max_staleness:
+                # A gate tighter than the drop bound is slack for late groups; a looser one
+                # would generate what the stages downstream are sure to drop.
+                if value is not None and value < gate.max_staleness:
                     raise ValueError(
-                        f"{name}.max_staleness ({value}) differs from "
-                        f"agent_loop.admission.max_staleness ({gate.max_staleness})"
+                        f"{name}.max_staleness ({value}) is below "
+                        f"agent_loop.admission.max_staleness ({gate.max_staleness}): the gate "
+                        "would admit samples the stage drops"
                     )
         overlong = self.reward.overlong
         if overlong.enabled and overlong.max_response_length is None:

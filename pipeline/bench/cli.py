@@ -79,6 +79,13 @@ cmd_bench_pipeline = _bench(
     model="model",
 )
 cmd_bench_train_step = _bench("train_step", "groups n response_tokens mini_batches epochs rounds")
+cmd_bench_fsdp = _bench("fsdp", "ranks")
+cmd_bench_routing = _bench(
+    "routing",
+    f"prompts n max_tokens workers in_flight big_batch small_batch rounds {_MODEL}",
+    kafka=True,
+    model="model",
+)
 
 
 def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -238,3 +245,19 @@ def add_bench_parsers(sub: Any) -> None:
     step.add_argument("--rounds", type=int, default=7)
     step.add_argument("--json", action="store_true")
     step.set_defaults(handler=cmd_bench_train_step)
+    fsdp = bsub.add_parser("fsdp", help="One trainer step: 1 process vs N FSDP2 gloo ranks.")
+    fsdp.add_argument("--ranks", type=int, default=2)
+    fsdp.add_argument("--json", action="store_true")
+    fsdp.set_defaults(handler=cmd_bench_fsdp)
+    routing = bsub.add_parser("routing", help="Load-aware vs local-only routing, 3 workers.")
+    routing.add_argument("--prompts", type=int, default=16)
+    routing.add_argument("--n", type=int, default=4, help="Samples per prompt.")
+    routing.add_argument("--max-tokens", type=int, default=32)
+    routing.add_argument("--workers", type=int, default=3, help="Agent-loop worker processes.")
+    routing.add_argument("--in-flight", type=int, default=8, help="Samples in flight per worker.")
+    routing.add_argument("--big-batch", type=int, default=16, help="The big replica's max batch.")
+    routing.add_argument("--small-batch", type=int, default=1, help="The small one's.")
+    routing.add_argument("--rounds", type=int, default=2, help="Runs of each mode (ABBA order).")
+    routing.add_argument("--model", help="Model directory (default: build the tiny model).")
+    routing.add_argument("--json", action="store_true")
+    routing.set_defaults(handler=cmd_bench_routing)

@@ -61,6 +61,11 @@ class ChaosOptions:
     stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
     max_tokens: int = 32  # long enough a run for every fault to land while data moves
     max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
+    # The admission gate runs this many versions inside the bound the replay stage and the
+    # trainer drop at. With one group a step, a group admitted late by the gate (the count
+    # it reads is up to a second old; a SIGSTOPped worker's prompts resume late) is a version
+    # late per group; with a real batch of 64 groups the same slack is a fraction of one.
+    admission_margin: int = 8
     # Every fault must have fired by this share of samples scored, or the run fails at once.
     last_fault_share: float = 0.9
     max_stale_share: float = 0.05  # more samples than this dropped as stale fails the run
@@ -82,7 +87,9 @@ def chaos_config(
         train_batch_size=1, max_tokens=opts.max_tokens, max_staleness=opts.max_staleness,
         in_flight=32,
         overrides=merge(
-            {"reward": {"session_timeout_s": 10}, "trainer": {"lr": 1e-4, "keep_checkpoints": 2}},
+            {"reward": {"session_timeout_s": 10}, "trainer": {"lr": 1e-4, "keep_checkpoints": 2},
+             "agent_loop": {"admission": {
+                 "max_staleness": max(0, opts.max_staleness - opts.admission_margin)}}},
             opts.extra,
         ),
     )  # fmt: skip

@@ -43,4 +43,5 @@ def test_rejects_unknown_routing() -> None:
     with pytest.raises(ValueError, match="routing"):
         Balancer(routing="random")  # type: ignore[arg-type]
     assert LLMClientConfig().routing == "sticky"
+    assert LLMClientConfig(routing="load").routing == "load"
     assert LLMClientConfig(routing="round_robin").routing == "round_robin"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from pipeline.config import ConfigError, load_config, parse_overrides
+from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 
@@ -122,3 +123,15 @@ def test_topic_names_and_specs() -> None:
         topics.name("nope")
     with pytest.raises(ValueError, match="min_insync"):
         TopicsConfig(replication_factor=1, min_insync_replicas=2)
+
+
+def test_the_gate_may_run_inside_the_drop_bound_but_not_outside() -> None:
+    gate = {"admission": {"max_staleness": 24, "train_batch_size": 1}}
+    RunConfig.model_validate(
+        {"agent_loop": gate, "trainer": {"max_staleness": 32, "train_batch_size": 1},
+         "replay": {"max_staleness": 32}}
+    )  # fmt: skip
+    with pytest.raises(ValidationError, match=r"below agent_loop\.admission\.max_staleness"):
+        RunConfig.model_validate(
+            {"agent_loop": gate, "trainer": {"max_staleness": 16, "train_batch_size": 1}}
+        )

@@ -15,6 +15,15 @@ Routing rule, in order:
        order), which is stable across processes; Python's `hash()` is salted per process and is
        never used. Otherwise a rotating counter spreads ties round-robin.
 
+    `routing="load"` (load-aware) keeps 1 and replaces 2 by the least *load*: the load the
+    replica last reported (running + waiting requests, from every response's `X-Rollout-Load`
+    header and from /health, `report`/`release(load=...)`) plus the requests this balancer sent
+    it since that report. Several worker processes then see each other's load through the
+    replica. A replica with no report younger than `load_ttl_s` is *unknown*, not idle: its
+    load counts as its own in-flight plus the highest load the fresh replicas reported, so it
+    is never preferred for being silent, yet still shares the work of busy ones; when every replica is unknown this is plain least
+    in-flight. Ties as in 3. Cost: O(replicas) per acquire (the default mode stays O(1)).
+
     `routing="round_robin"` replaces all three with plain rotation over the routable replicas
     (in replica-id order), ignoring ids and loads and never touching the sticky LRU. It exists
     as the baseline that sticky routing is measured against (`pipeline.bench.prefix`), not for serving.
@@ -30,6 +39,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -39,8 +49,9 @@ from workers.llm.exceptions import NoReplicaError
 
 __all__ = ["Balancer", "Replica", "Routing", "stable_hash"]
 
-Routing = Literal["sticky", "round_robin"]
-"""`sticky`: sticky LRU, then least in-flight (the default). `round_robin`: rotation (baseline)."""
+Routing = Literal["sticky", "load", "round_robin"]
+"""`sticky`: sticky LRU, then least in-flight of this process. `load`: sticky LRU, then least
+reported load (see the module docstring). `round_robin`: rotation (baseline)."""
 
 logger = logging.getLogger("rollout.llm.balancer")
 
@@ -57,7 +68,10 @@ class Replica:
     sticky entries that point at the old object are dropped lazily.
     """
 
-    __slots__ = ("_inflight", "_slot", "address", "healthy", "replica_id", "version")
+    __slots__ = (
+        "_inflight", "_slot", "address", "healthy", "load", "load_at", "replica_id", "since",
+        "version",
+    )  # fmt: skip
 
     def __init__(self, replica_id: str, address: str, version: int = 0) -> None:
         self.replica_id = replica_id
@@ -66,6 +80,9 @@ class Replica:
         self.healthy = True
         self._slot = -1  # index in the balancer's routable lists; -1 when not routable
         self._inflight = 0  # in-flight count while not routable (the list holds it otherwise)
+        self.load = -1  # running + waiting the replica last reported; -1: never reported
+        self.load_at = 0.0  # time.monotonic() of that report
+        self.since = 0  # requests this balancer sent it since that report (routing="load")
 
     @property
     def routable(self) -> bool:
@@ -87,12 +104,18 @@ class Balancer:
         "_rr",
         "_sticky",
         "deterministic",
+        "load_ttl_s",
         "routing",
         "sticky_size",
     )
 
     def __init__(
-        self, *, sticky_size: int = 65536, deterministic: bool = False, routing: Routing = "sticky"
+        self,
+        *,
+        sticky_size: int = 65536,
+        deterministic: bool = False,
+        routing: Routing = "sticky",
+        load_ttl_s: float = 10.0,
     ) -> None:
         if sticky_size < 1:
             raise ValueError("sticky_size must be >= 1")
@@ -101,6 +124,7 @@ class Balancer:
         self.sticky_size = sticky_size
         self.deterministic = deterministic
         self.routing = routing
+        self.load_ttl_s = load_ttl_s
         self._known: dict[str, Replica] = {}
         self._routable: list[Replica] = []
         self._inflight: list[int] = []  # parallel to _routable
@@ -118,8 +142,12 @@ class Balancer:
         """
         # `_low` is the least in-flight count and `_nlow` how many replicas have it; counts move
         # by +-1, so both are kept up to date in O(1) here and in `release` (no `min()` per call).
-        if self.routing == "round_robin":
-            return self._acquire_round_robin()
+        if self.routing != "sticky":
+            return (
+                self._acquire_round_robin()
+                if self.routing == "round_robin"
+                else self._by_load(request_id)
+            )
         sticky = self._sticky
         inflight = self._inflight
         rep = sticky.get(request_id)
@@ -162,12 +190,17 @@ class Balancer:
             sticky.popitem(last=False)
         return rep
 
-    def release(self, replica: Replica, request_id: str = "") -> None:
+    def release(self, replica: Replica, request_id: str = "", load: int | None = None) -> None:
         """Count one request of `replica` as finished (whether it succeeded or not).
 
         `request_id` is accepted for symmetry with `acquire` and for debugging; the sticky entry
-        is kept, so the next turn of the same session returns to the same replica.
+        is kept, so the next turn of the same session returns to the same replica. `load`: the
+        load the replica reported on this request's response (`report`, in the same step).
         """
+        if load is not None:
+            self.report(replica, load)
+        elif replica.since:
+            replica.since -= 1  # no report: this one may have been among those sent since
         slot = replica._slot
         if slot >= 0:
             inflight = self._inflight
@@ -181,6 +214,59 @@ class Balancer:
                     self._nlow += 1
         elif replica._inflight > 0:
             replica._inflight -= 1
+
+    def report(self, replica: Replica, load: int) -> None:
+        """The replica's own count of running + waiting requests, just received."""
+        replica.load, replica.load_at, replica.since = max(0, int(load)), time.monotonic(), 0
+
+    def _by_load(self, request_id: str) -> Replica:
+        """`routing="load"`: sticky, else least reported load (see the module docstring)."""
+        sticky = self._sticky
+        rep = sticky.get(request_id)
+        if rep is not None:
+            if rep._slot >= 0:
+                sticky.move_to_end(request_id)
+                self._take(rep._slot)
+                return rep
+            del sticky[request_id]
+        routable = self._routable
+        if not routable:
+            raise NoReplicaError("no routable replica")
+        oldest = time.monotonic() - self.load_ttl_s
+        fresh = [r.load >= 0 and r.load_at >= oldest for r in routable]
+        floor = max((r.load for r, f in zip(routable, fresh, strict=True) if f), default=0)
+        scores = [
+            r.load + r.since if f else self._inflight[i] + floor
+            for i, (r, f) in enumerate(zip(routable, fresh, strict=True))
+        ]
+        low = min(scores)
+        tied = [i for i, score in enumerate(scores) if score == low]
+        if len(tied) == 1:
+            slot = tied[0]
+        elif self.deterministic:
+            slot = tied[zlib.crc32(request_id.encode()) % len(tied)]
+        else:
+            self._rr = k = (self._rr + 1) % len(tied)
+            slot = tied[k]
+        self._take(slot)
+        rep = routable[slot]
+        sticky[request_id] = rep
+        if len(sticky) > self.sticky_size:
+            sticky.popitem(last=False)
+        return rep
+
+    def _take(self, slot: int) -> None:
+        """One more request in flight on `slot` (and since its replica's report)."""
+        inflight = self._inflight
+        c = inflight[slot]
+        inflight[slot] = c + 1
+        self._routable[slot].since += 1
+        if c == self._low:  # keep `_low`/`_nlow` exact for `release` and `stats`
+            if self._nlow == 1:
+                self._low = c + 1
+                self._nlow = inflight.count(c + 1)
+            else:
+                self._nlow -= 1
 
     def _acquire_round_robin(self) -> Replica:
         inflight = self._inflight
@@ -289,6 +375,7 @@ class Balancer:
             "routable": len(self._routable),
             "sticky_entries": len(self._sticky),
             "inflight": {r.replica_id: self.inflight(r) for r in self.replicas()},
+            "reported_load": {r.replica_id: r.load for r in self.replicas()},
         }
 
     # ---- internals -------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from workers.llm.balancer import Balancer, Replica
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import (
+    LOAD_HEADER,
     CompletionChoice,
     CompletionResponse,
     GenerateOutput,
@@ -141,11 +142,13 @@ class LLMClient:
             sticky_size=self.config.sticky_size,
             deterministic=self.config.deterministic,
             routing=self.config.routing,
+            load_ttl_s=self.config.load_ttl_s,
         )
         self.state = ClientState.NEW
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._loads: dict[str, int] = {}  # request id -> load reported on its last response
         self._routable = asyncio.Event()
         self.health = HealthChecker(
             self.balancer,
@@ -309,7 +312,8 @@ class LLMClient:
                     await asyncio.sleep(cfg.backoff_initial_s)
                     continue
             finally:
-                self.balancer.release(rep, request_id)
+                # with the load the replica reported on this response, if it made one
+                self.balancer.release(rep, request_id, load=self._loads.pop(request_id, None))
             if failures > cfg.max_retries:
                 raise RetriesExhaustedError(
                     f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
@@ -348,7 +352,8 @@ class LLMClient:
     async def _complete(
         self, rep: Replica, body: dict[str, Any], time_left: float
     ) -> tuple[int, CompletionChoice]:
-        """One HTTP request; maps every transport problem onto the exception tree."""
+        """One HTTP request; maps every transport problem onto the exception tree. The load the
+        replica reported (`LOAD_HEADER`) waits in `_loads` for the request's `release`."""
         assert self._session is not None
         cfg = self.config
         timeout = aiohttp.ClientTimeout(
@@ -365,6 +370,7 @@ class LLMClient:
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+                reported = resp.headers.get(LOAD_HEADER, "")
         except TimeoutError as exc:
             self._abort_soon(rep, rid)
             raise ReplicaTimeoutError(
@@ -380,6 +386,8 @@ class LLMClient:
         if status == 200:
             try:
                 out = CompletionResponse.model_validate_json(raw)
+                if reported.isdigit():
+                    self._loads[rid] = int(reported)
                 return out.policy_version, out.choices[0]
             except (ValidationError, IndexError) as exc:
                 raise ReplicaServerError(

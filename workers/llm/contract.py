@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "LOAD_HEADER",
     "CompletionChoice",
     "CompletionRequest",
     "CompletionResponse",
@@ -36,6 +37,10 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
+
+LOAD_HEADER = "X-Rollout-Load"
+"""Response header of every replica response: its running + waiting requests (an integer) when
+the response was written, not counting the request answered. Also `load` in `/health`."""
 
 
 class SamplingParams(BaseModel):

@@ -69,6 +69,8 @@ class HealthChecker:
             return False
         if isinstance(data.get("version"), int):
             rep.version = data["version"]
+        if isinstance(data.get("load"), int):  # keeps the load fresh between responses
+            self.balancer.report(rep, data["load"])
         return True
 
     async def check_after_failure(self, rep: Replica) -> None:

@@ -177,6 +177,15 @@ class TrainerConfig(BaseModel):
         "Checkpoints are written from any device. Under Ray the trainer asks for a GPU.",
     )
     seed: int = Field(default=0, ge=0, description="torch seed at start.")
+    nproc: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Trainer processes (ranks) on this node: 1 trains in one process as always; "
+        "N > 1 launches N ranks through torchrun with the policy sharded by FSDP2 (gloo on "
+        "cpu, nccl with one GPU per rank on cuda). Under torchrun (WORLD_SIZE set) the "
+        "launcher's world size is used instead.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:

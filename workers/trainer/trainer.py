@@ -101,7 +101,6 @@ class Trainer:
 
     def _load(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
         from workers.trainer.step import resolve_device
 
@@ -118,6 +117,28 @@ class Trainer:
         self.source = ckpt.path if ckpt is not None else Path(self.config.model_dir)
         self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
         self.device = resolve_device(self.config.device)
+        self._build_model(ckpt)
+        self.zero_advantage_steps = 0
+        pad = self.model.config.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
+        self.checkpointed: int | None = self.state.version if ckpt is not None else None
+        log.info(
+            "trainer %s starts at version %d from %s on %s (positions %s)",
+            self.run_id,
+            self.state.version,
+            self.source,
+            self.device,
+            self.state.positions,
+        )
+
+    def _build_model(self, ckpt: Any) -> None:
+        """The policy, its AdamW (restored from `ckpt` if given) and the frozen reference.
+
+        A hook: `workers.trainer.sharded` builds the same three sharded over ranks."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(str(self.source), dtype=torch.float32)
         self.model = model.to(self.device)  # before AdamW, whose state follows the parameters
         self.optimizer = torch.optim.AdamW(
@@ -135,18 +156,17 @@ class Trainer:
                 self.state.source_model or self.config.model_dir, dtype=torch.float32
             )
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
-        self.zero_advantage_steps = 0
-        pad = self.model.config.pad_token_id
-        self.pad_token_id = int(pad) if pad is not None else 0
-        self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
-        self.checkpointed: int | None = self.state.version if ckpt is not None else None
-        log.info(
-            "trainer %s starts at version %d from %s on %s (positions %s)",
-            self.run_id,
-            self.state.version,
-            self.source,
-            self.device,
-            self.state.positions,
+
+    def _train(self, batch: Any) -> dict[str, Any]:
+        """One optimiser step on the collated batch (a hook, like `_build_model`)."""
+        from workers.trainer.step import train_step
+
+        return train_step(self.model, self.optimizer, batch, self.config, ref_model=self.ref_model)
+
+    def _save(self, state: TrainerState) -> Path:
+        """Write the checkpoint of `state` with the current weights (a hook, like `_train`)."""
+        return save_checkpoint(
+            self.root, state, self.model, tokenizer_from=self.source, optimizer=self.optimizer
         )
 
     # --- the loop ---------------------------------------------------------------------
@@ -277,15 +297,12 @@ class Trainer:
 
     def _step(self, pending: Pending) -> None:
         from workers.trainer.batching import collate_groups
-        from workers.trainer.step import train_step
 
         version = self.state.version
         groups: list[TrainingGroup] = [i.event for i in pending.train]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         started = time.monotonic()
-        metrics = train_step(
-            self.model, self.optimizer, batch, self.config, ref_model=self.ref_model
-        )
+        metrics = self._train(batch)
         if metrics["zero_advantage"]:
             self.zero_advantage_steps += 1
             log.warning(
@@ -353,13 +370,7 @@ class Trainer:
             path = self.root / f"step-{st.version}"
             update_state(path, copy.copy(st))
         else:
-            path = save_checkpoint(
-                self.root,
-                copy.copy(st),
-                self.model,
-                tokenizer_from=self.source,
-                optimizer=self.optimizer,
-            )
+            path = self._save(copy.copy(st))
             self.checkpointed = st.version
             # The tokenizer files of the next checkpoint come from this one: the checkpoint
             # a restarted trainer resumed from is pruned a few checkpoints later.

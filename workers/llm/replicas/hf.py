@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import ValidationError
 
 from workers.llm.contract import (
+    LOAD_HEADER,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -59,8 +60,8 @@ _STATE = web.AppKey("state", dict)
 class _EngineCollector:
     """Prometheus collector that reads the engine's counters at scrape time."""
 
-    def __init__(self, engine: HFEngine, replica_id: str) -> None:
-        self.engine, self.replica = engine, replica_id
+    def __init__(self, engine: HFEngine, replica_id: str, state: dict[str, Any]) -> None:
+        self.engine, self.replica, self.state = engine, replica_id, state
 
     def describe(self) -> list[Metric]:
         return []
@@ -76,6 +77,17 @@ class _EngineCollector:
             prefix_cache_hits=stats.prefix_cache_hits,
             policy_version=e.version,
         )
+        # What the balancers rank by (also the `LOAD_HEADER` of every response), and how many
+        # completions this replica answered (`rollout bench routing` counts them per replica).
+        load = GaugeMetricFamily(
+            "rollout_replica_load", "Running + waiting requests.", labels=["replica"]
+        )
+        load.add_metric([self.replica], float(_load(e)))
+        done = CounterMetricFamily(
+            "rollout_replica_completions", "Completions answered.", labels=["replica"]
+        )
+        done.add_metric([self.replica], float(self.state.get("completions", 0)))
+        yield from (load, done)
 
 
 def _error(status: int, message: str, kind: str, version: int) -> web.Response:
@@ -148,6 +160,7 @@ async def _completions(request: web.Request) -> web.Response:
         },
         policy_version=result.policy_version,
     )
+    state["completions"] = state.get("completions", 0) + 1
     return web.Response(body=response.model_dump_json(), content_type="application/json")
 
 
@@ -184,7 +197,18 @@ async def _update_weights(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    return _ok(request, {"status": "ok", "version": _engine(request).version})
+    engine = _engine(request)
+    return _ok(request, {"status": "ok", "version": engine.version, "load": _load(engine)})
+
+
+def _load(engine: HFEngine) -> int:
+    return int(engine.running + engine.waiting)
+
+
+async def _report_load(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response carries the replica's load (`LOAD_HEADER`); an answered completion's
+    sequence has left the engine by then, so it is not counted."""
+    response.headers[LOAD_HEADER] = str(_load(_engine(request)))
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -236,7 +260,6 @@ async def create_app(
     engine = await asyncio.to_thread(HFEngine, model_dir, config, version)
     tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(engine, replica_id))  # type: ignore[arg-type]
     app = web.Application(middlewares=[_errors])
     app[_ENGINE] = engine
     app[_STATE] = {
@@ -244,12 +267,15 @@ async def create_app(
         "model_name": served_model_name or str(model_dir),
         "tokenizer": tokenizer,
         "registry": registry,
+        "completions": 0,
     }
+    registry.register(_EngineCollector(engine, replica_id, app[_STATE]))  # type: ignore[arg-type]
 
     async def _close(_: web.Application) -> None:
         await engine.aclose()
 
     app.on_cleanup.append(_close)
+    app.on_response_prepare.append(_report_load)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/abort_requests", _abort)
     app.router.add_post("/pause", _pause)
