@@ -387,7 +387,7 @@ def test_abandoned_trajectories_go_to_the_dead_letters_turn_by_turn(
     """A trajectory that stops receiving turns before its final one does not sit in the
     table for ever: past `abandon_after_s` each of its turns goes to rl.dlq byte for byte
     (cause `abandoned`) and its state is deleted; a trajectory that kept going is scored."""
-    worker.configure(abandon_after_s=3.0)
+    worker.configure(abandon_after_s=6.0)
     turns_topic = topics_config.name("turns")
     stuck = make_turns(tokenizer, "stuck", ["step", "tool", "#### 3"], truth="3")
     slow = make_turns(tokenizer, "slow", ["step", "tool", "#### 4"], truth="4")
@@ -402,10 +402,13 @@ def test_abandoned_trajectories_go_to_the_dead_letters_turn_by_turn(
 
     worker.start()
     feed([stuck[0], stuck[1], slow[0]])
-    time.sleep(2.5)
-    feed([slow[1]])  # "slow" has a new turn 2.5 s later, "stuck" none
-    time.sleep(0.7)
-    feed([slow[2]])  # this batch abandons "stuck" (3.2 s idle), not "slow" (0.7 s + latency)
+    taken = time.monotonic()
+    # Gaps of about half the bound for "slow", so a loaded machine's seconds of latency on
+    # a feed cannot push it past the bound (at 2.5 s of a 3 s bound, they once did).
+    time.sleep(3.0)
+    feed([slow[1]])  # "slow" has a new turn 3 s later, "stuck" none
+    time.sleep(max(0.0, taken + 6.5 - time.monotonic()))
+    feed([slow[2]])  # this batch abandons "stuck" (6.5 s idle), not "slow" (3.5 s + latency)
     scored = read_all(
         kafka_config, topics_config.name("scored"), until=lambda r: len(r) >= 1, timeout=60
     )
