@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
-from workers.trainer.loss import policy_loss, summarize
-from workers.trainer.step import _log_probs, mini_batches, response_log_probs
+from workers.trainer.loss import summarize
+from workers.trainer.step import micro_loss, train_step
 
 __all__ = ["shard_bounds", "sharded_train_step"]
 
@@ -62,30 +62,10 @@ def _update(
     keys: list[str] = []
     local_loss = torch.zeros((), dtype=torch.float64)
     for micro, weight in micros:
-        logp, entropy = response_log_probs(
-            model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
-        )
-        out = policy_loss(
-            logp,
-            micro["prox_logprobs"] if proximal else logp.detach(),
-            micro["old_logprobs"],
-            micro["advantages"],
-            micro["response_mask"],
-            clip_ratio_low=config.clip_ratio_low,
-            clip_ratio_high=config.clip_ratio_high,
-            clip_ratio_c=config.clip_ratio_c,
-            rollout_is_threshold=config.rollout_is_threshold,
-            rollout_is_level=config.rollout_is_level,
-            entropy=entropy,
-            entropy_coeff=config.entropy_coeff,
-            ref_log_prob=micro.tensors.get("ref_logprobs"),
-            kl_coef=config.kl_coef,
-            kl_loss_type=config.kl_loss_type,
-            loss_agg_mode=config.loss_agg_mode,
-            token_count=token_count,
-            seq_count=seq_count,
-            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )
+        out = micro_loss(
+            model, micro, config, proximal=proximal, token_count=token_count,
+            seq_count=seq_count, norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
+        )  # fmt: skip
         (out.loss * (world * weight)).backward()
         keys = sorted(out.metrics)
         rows.append([out.metrics[k] * weight for k in keys] if weight else [0.0] * len(keys))
@@ -140,35 +120,5 @@ def sharded_train_step(
     """`workers.trainer.step.train_step` for rank `rank` of `world`; same metrics, same update.
 
     Every rank must call it with the same `batch` (see the module docstring)."""
-    model.train()
-    batch = dataclasses.replace(batch, tensors=dict(batch.tensors))
-    if config.mask_truncated and "truncated" in batch.tensors:
-        keep = (1.0 - batch["truncated"].to(batch["response_mask"].dtype)).unsqueeze(-1)
-        batch.tensors["response_mask"] = batch["response_mask"] * keep
-        batch.tensors["advantages"] = batch["advantages"] * keep
-    proximal = config.ppo_epochs * config.ppo_mini_batches > 1
-    if proximal:
-        batch.tensors["prox_logprobs"] = _log_probs(model, batch, config)
-    if ref_model is not None:
-        batch.tensors["ref_logprobs"] = _log_probs(ref_model, batch, config)
-    minis = mini_batches(batch, config.ppo_mini_batches)
-    per_update: list[dict[str, float]] = []
-    parts: list[dict[str, float]] = []
-    for epoch in range(config.ppo_epochs):
-        for index, mb in enumerate(minis):
-            metrics, mb_parts = _update(
-                model, optimizer, mb, config, proximal=proximal, rank=rank, world=world
-            )
-            per_update.append({"epoch": float(epoch), "mini_batch": float(index), **metrics})
-            parts += mb_parts
-    out: dict[str, Any] = summarize(parts)
-    norms = [u["grad_norm"] for u in per_update]
-    out["loss"] = sum(u["loss"] for u in per_update) / len(per_update)
-    out["grad_norm"] = sum(norms) / len(norms)
-    out["grad_norm_max"] = max(norms)
-    out["skipped_nonfinite"] = sum(u["skipped_nonfinite"] for u in per_update)
-    out["optimizer_updates"] = float(len(per_update))
-    adv = batch["advantages"]
-    out["zero_advantage"] = float(not bool((adv.abs() * batch["response_mask"] > 1e-8).any()))
-    out["updates"] = per_update
-    return out
+    update = functools.partial(_update, rank=rank, world=world)
+    return train_step(model, optimizer, batch, config, ref_model=ref_model, update=update)

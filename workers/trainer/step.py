@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -93,6 +94,44 @@ def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> tor
     return torch.cat(parts, dim=0)
 
 
+def micro_loss(
+    model: Any,
+    micro: TrajectoryBatch,
+    config: TrainerConfig,
+    *,
+    proximal: bool,
+    token_count: float,
+    seq_count: float,
+    norm_length: float,
+) -> Any:
+    """The policy loss of one micro-batch (a forward with grad), normalised by its update's
+    token and sequence counts so that the micro-batches' losses add up to the update's."""
+    logp, entropy = response_log_probs(
+        model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
+    )
+    return policy_loss(
+        logp,
+        micro["prox_logprobs"] if proximal else logp.detach(),
+        micro["old_logprobs"],
+        micro["advantages"],
+        micro["response_mask"],
+        clip_ratio_low=config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio_high,
+        clip_ratio_c=config.clip_ratio_c,
+        rollout_is_threshold=config.rollout_is_threshold,
+        rollout_is_level=config.rollout_is_level,
+        entropy=entropy,
+        entropy_coeff=config.entropy_coeff,
+        ref_log_prob=micro.tensors.get("ref_logprobs"),
+        kl_coef=config.kl_coef,
+        kl_loss_type=config.kl_loss_type,
+        loss_agg_mode=config.loss_agg_mode,
+        token_count=token_count,
+        seq_count=seq_count,
+        norm_length=norm_length,
+    )
+
+
 def _update(
     model: Any,
     optimizer: torch.optim.Optimizer,
@@ -113,30 +152,10 @@ def _update(
     parts = []
     total = 0.0
     for micro in mb.split(config.micro_batch_size):
-        logp, entropy = response_log_probs(
-            model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
-        )
-        out = policy_loss(
-            logp,
-            micro["prox_logprobs"] if proximal else logp.detach(),
-            micro["old_logprobs"],
-            micro["advantages"],
-            micro["response_mask"],
-            clip_ratio_low=config.clip_ratio_low,
-            clip_ratio_high=config.clip_ratio_high,
-            clip_ratio_c=config.clip_ratio_c,
-            rollout_is_threshold=config.rollout_is_threshold,
-            rollout_is_level=config.rollout_is_level,
-            entropy=entropy,
-            entropy_coeff=config.entropy_coeff,
-            ref_log_prob=micro.tensors.get("ref_logprobs"),
-            kl_coef=config.kl_coef,
-            kl_loss_type=config.kl_loss_type,
-            loss_agg_mode=config.loss_agg_mode,
-            token_count=token_count,
-            seq_count=seq_count,
-            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )
+        out = micro_loss(
+            model, micro, config, proximal=proximal, token_count=token_count,
+            seq_count=seq_count, norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
+        )  # fmt: skip
         out.loss.backward()
         total += float(out.loss.detach())
         parts.append(out.metrics)
@@ -165,6 +184,7 @@ def train_step(
     config: TrainerConfig,
     *,
     ref_model: Any | None = None,
+    update: Callable[..., tuple[dict[str, float], list[dict[str, float]]]] | None = None,
 ) -> dict[str, float | list[dict[str, float]]]:
     """`ppo_epochs` passes over `ppo_mini_batches` mini-batches of the step's groups, one
     optimiser update each; returns the step's metrics (`updates`: one entry per update).
@@ -172,8 +192,11 @@ def train_step(
     With one update the proximal policy is the current one (no extra forward). With more,
     the logprobs of the policy before the step are computed once, up front, and every
     update's PPO ratio is taken against them, so the clip bounds how far the step moves.
-    `ref_model` (frozen) gives the reference logprobs of the KL term (`kl_coef`).
+    `ref_model` (frozen) gives the reference logprobs of the KL term (`kl_coef`). `update`
+    replaces the one-process optimiser update (`update(model, optimizer, mb, config,
+    proximal=...)`; the sharded trainer's trains this rank's share).
     """
+    update = update or _update
     model.train()
     batch = dataclasses.replace(batch, tensors=dict(batch.tensors))  # the caller's stays as it is
     if config.mask_truncated and "truncated" in batch.tensors:
@@ -191,7 +214,7 @@ def train_step(
     parts: list[dict[str, float]] = []
     for epoch in range(config.ppo_epochs):
         for index, mb in enumerate(minis):
-            metrics, mb_parts = _update(model, optimizer, mb, config, proximal=proximal)
+            metrics, mb_parts = update(model, optimizer, mb, config, proximal=proximal)
             per_update.append({"epoch": float(epoch), "mini_batch": float(index), **metrics})
             parts += mb_parts
     out: dict[str, Any] = summarize(parts)
