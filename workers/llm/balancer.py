@@ -274,14 +274,7 @@ class Balancer:
             raise NoReplicaError("no routable replica")
         slot = self._rr % len(inflight)
         self._rr = slot + 1
-        c = inflight[slot]
-        inflight[slot] = c + 1
-        if c == self._low:  # keep `_low`/`_nlow` exact for `release` and `stats`
-            if self._nlow == 1:
-                self._low = c + 1
-                self._nlow = inflight.count(c + 1)
-            else:
-                self._nlow -= 1
+        self._take(slot)
         return self._routable[slot]
 
     # ---- membership (rare; rebuilds the routable lists) -----------------------------------
