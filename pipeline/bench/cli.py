@@ -155,109 +155,165 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
             print(f"{key:>28}: {value}")
 
 
+_MODEL_HELP = "Model directory (default: build the tiny model)."
+
+
+def _bench(
+    bsub: Any, name: str, text: str, handler: Any, *, model: bool = False, **options: Any
+) -> Any:
+    """One `rollout bench NAME` parser. `options` are its flags (`pool_workers` is
+    `--pool-workers`), each a default or (default, help); the type is the default's (str for
+    None). `model` adds `--model`; every benchmark takes `--json`."""
+    parser = bsub.add_parser(name, help=text)
+    for key, value in options.items():
+        default, help_ = value if isinstance(value, tuple) else (value, None)
+        kind = str if default is None else type(default)
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, default=default, help=help_)
+    if model:
+        parser.add_argument("--model", help=_MODEL_HELP)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def add_bench_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="Benchmarks; each prints one JSON object with --json.")
-    bsub = bench.add_subparsers(dest="benchmark", required=True)
-    ser = bsub.add_parser("serialization", help="Wire codec vs plain JSON lists.")
-    ser.add_argument("--tokens", type=int, default=4096)
-    ser.add_argument("--rounds", type=int, default=5)
-    ser.add_argument("--json", action="store_true")
-    ser.set_defaults(handler=cmd_bench_serialization)
-    router = bsub.add_parser("router", help="Balancer acquire+release pairs per second.")
-    router.add_argument("--replicas", type=int, default=8)
-    router.add_argument("--ids", type=int, default=10_000)
-    router.add_argument("--json", action="store_true")
-    router.set_defaults(handler=cmd_bench_router)
-    engine = bsub.add_parser("engine", help="hf engine: concurrent vs serial tokens/s.")
-    engine.add_argument("--model", help="Model directory (default: build the tiny model).")
-    engine.add_argument("--concurrency", type=int, default=16)
-    engine.add_argument("--json", action="store_true")
-    engine.set_defaults(handler=cmd_bench_engine)
-    prefix = bsub.add_parser("prefix-routing", help="Sticky vs round-robin over 4 hf replicas.")
-    prefix.add_argument("--model", help="Model directory (default: build the tiny model).")
-    prefix.add_argument("--conversations", type=int, default=64)
-    prefix.add_argument("--concurrency", type=int, default=64)
-    prefix.add_argument(
-        "--system-tokens", type=int, default=640, help="Shared system prompt (tool schemas)."
+    b = bench.add_subparsers(dest="benchmark", required=True)
+    _bench(
+        b,
+        "serialization",
+        "Wire codec vs plain JSON lists.",
+        cmd_bench_serialization,
+        tokens=4096,
+        rounds=5,
     )
-    prefix.add_argument("--task-tokens", type=int, default=64, help="Each conversation's own task.")
-    prefix.add_argument("--json", action="store_true")
-    prefix.set_defaults(handler=cmd_bench_prefix)
-    reward_bench = bsub.add_parser("reward", help="Reward stage vs a bare consume→produce copy.")
-    reward_bench.add_argument("--trajectories", type=int, default=2000)
-    reward_bench.add_argument("--turns", type=int, default=4)
-    reward_bench.add_argument("--tokens", type=int, default=256)
-    reward_bench.add_argument("--pool-workers", type=int, default=2)
-    reward_bench.add_argument("--batch-size", type=int, default=1024)
-    reward_bench.add_argument("--tokenizer", help="Model/tokenizer directory (default: build one).")
-    reward_bench.add_argument("--json", action="store_true")
-    reward_bench.set_defaults(handler=cmd_bench_reward)
-    speedup = bsub.add_parser("async-speedup", help="max_staleness 0 vs 2, same steps, same run.")
-    speedup.add_argument("--steps", type=int, default=8)
-    speedup.add_argument("--batch", type=int, default=2, help="Groups per trainer step.")
-    speedup.add_argument("--n", type=int, default=4, help="Samples per prompt.")
-    speedup.add_argument("--max-tokens", type=int, default=48)
-    speedup.add_argument("--model", help="Model directory (default: build the tiny model).")
-    speedup.add_argument("--json", action="store_true")
-    speedup.set_defaults(handler=cmd_bench_async)
-    agent_bench = bsub.add_parser("agent-loop", help="Agent loops direct vs through Kafka.")
-    agent_bench.add_argument("--prompts", type=int, default=96, help="Prompts per side per round.")
-    agent_bench.add_argument("--rounds", type=int, default=5, help="Rounds (each runs both sides).")
-    agent_bench.add_argument("--model", help="Model directory (default: build the tiny model).")
-    agent_bench.add_argument("--json", action="store_true")
-    agent_bench.set_defaults(handler=cmd_bench_agent_loop)
-    vllm = bsub.add_parser("vllm", help="vLLM direct vs the contract vs Kafka; logprob drift.")
-    vllm.add_argument("--requests", type=int, default=32)
-    vllm.add_argument("--concurrency", type=int, default=8)
-    vllm.add_argument("--max-tokens", type=int, default=128)
-    vllm.add_argument("--rounds", type=int, default=3)
-    vllm.add_argument("--model", help="Model directory (default: build the tiny model).")
-    vllm.add_argument("--vllm-python", help="Interpreter with vLLM (default: .venv-vllm's).")
-    vllm.add_argument("--log-dir", help="Where the replica's log goes (default: a temp dir).")
-    vllm.add_argument("--json", action="store_true")
-    vllm.set_defaults(handler=cmd_bench_vllm)
-    e2e = bsub.add_parser("pipeline", help="End-to-end trajectories/s, 1 and 2 agent-loop workers.")
-    e2e.add_argument("--prompts", type=int, default=48)
-    e2e.add_argument("--n", type=int, default=4, help="Samples per prompt.")
-    e2e.add_argument("--max-tokens", type=int, default=16)
-    e2e.add_argument("--replicas", type=int, default=2)
-    e2e.add_argument("--raw-messages", type=int, default=5000, help="Baseline message count.")
-    e2e.add_argument("--model", help="Model directory (default: build the tiny model).")
-    e2e.add_argument("--json", action="store_true")
-    e2e.set_defaults(handler=cmd_bench_pipeline)
-    learn = bsub.add_parser("learn", help="N independent demo pipelines: does each one learn?")
-    learn.add_argument("--runs", type=int, default=10, help="Independent runs (seeds) per η.")
-    learn.add_argument("--staleness", default="2", help="max_staleness values, e.g. 0,2.")
-    learn.add_argument("--seed", type=int, default=0, help="Seed of the first run.")
-    learn.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
-                       help="Override a field of the demo recipe (repeatable).")  # fmt: skip
-    learn.add_argument("--target", type=float, default=0.6,
-                       help="Reward (mean of 5 steps) that times time_to_reward_s.")  # fmt: skip
-    learn.add_argument("--out", help="Keep every run's directory here (default: a temp dir).")
-    learn.add_argument("--json", action="store_true")
-    learn.set_defaults(handler=cmd_bench_learn)
-    step = bsub.add_parser("train-step", help="Trainer step: one update vs PPO mini-batches.")
-    step.add_argument("--groups", type=int, default=8)
-    step.add_argument("--n", type=int, default=8, help="Samples per group.")
-    step.add_argument("--response-tokens", type=int, default=8)
-    step.add_argument("--mini-batches", type=int, default=2)
-    step.add_argument("--epochs", type=int, default=1)
-    step.add_argument("--rounds", type=int, default=7)
-    step.add_argument("--json", action="store_true")
-    step.set_defaults(handler=cmd_bench_train_step)
-    fsdp = bsub.add_parser("fsdp", help="One trainer step: 1 process vs N FSDP2 gloo ranks.")
-    fsdp.add_argument("--ranks", type=int, default=2)
-    fsdp.add_argument("--json", action="store_true")
-    fsdp.set_defaults(handler=cmd_bench_fsdp)
-    routing = bsub.add_parser("routing", help="Load-aware vs local-only routing, 3 workers.")
-    routing.add_argument("--prompts", type=int, default=16)
-    routing.add_argument("--n", type=int, default=4, help="Samples per prompt.")
-    routing.add_argument("--max-tokens", type=int, default=32)
-    routing.add_argument("--workers", type=int, default=3, help="Agent-loop worker processes.")
-    routing.add_argument("--in-flight", type=int, default=8, help="Samples in flight per worker.")
-    routing.add_argument("--big-batch", type=int, default=16, help="The big replica's max batch.")
-    routing.add_argument("--small-batch", type=int, default=1, help="The small one's.")
-    routing.add_argument("--rounds", type=int, default=2, help="Runs of each mode (ABBA order).")
-    routing.add_argument("--model", help="Model directory (default: build the tiny model).")
-    routing.add_argument("--json", action="store_true")
-    routing.set_defaults(handler=cmd_bench_routing)
+    _bench(
+        b,
+        "router",
+        "Balancer acquire+release pairs per second.",
+        cmd_bench_router,
+        replicas=8,
+        ids=10_000,
+    )
+    _bench(
+        b,
+        "engine",
+        "hf engine: concurrent vs serial tokens/s.",
+        cmd_bench_engine,
+        model=True,
+        concurrency=16,
+    )
+    _bench(
+        b,
+        "prefix-routing",
+        "Sticky vs round-robin over 4 hf replicas.",
+        cmd_bench_prefix,
+        model=True,
+        conversations=64,
+        concurrency=64,
+        system_tokens=(640, "Shared system prompt (tool schemas)."),
+        task_tokens=(64, "Each conversation's own task."),
+    )
+    _bench(
+        b,
+        "reward",
+        "Reward stage vs a bare consume→produce copy.",
+        cmd_bench_reward,
+        trajectories=2000,
+        turns=4,
+        tokens=256,
+        pool_workers=2,
+        batch_size=1024,
+        tokenizer=(None, "Model/tokenizer directory (default: build one)."),
+    )
+    _bench(
+        b,
+        "async-speedup",
+        "max_staleness 0 vs 2, same steps, same run.",
+        cmd_bench_async,
+        model=True,
+        steps=8,
+        batch=(2, "Groups per trainer step."),
+        n=(4, "Samples per prompt."),
+        max_tokens=48,
+    )
+    _bench(
+        b,
+        "agent-loop",
+        "Agent loops direct vs through Kafka.",
+        cmd_bench_agent_loop,
+        model=True,
+        prompts=(96, "Prompts per side per round."),
+        rounds=(5, "Rounds (each runs both sides)."),
+    )
+    _bench(
+        b,
+        "vllm",
+        "vLLM direct vs the contract vs Kafka; logprob drift.",
+        cmd_bench_vllm,
+        model=True,
+        requests=32,
+        concurrency=8,
+        max_tokens=128,
+        rounds=3,
+        vllm_python=(None, "Interpreter with vLLM (default: .venv-vllm's)."),
+        log_dir=(None, "Where the replica's log goes (default: a temp dir)."),
+    )
+    _bench(
+        b,
+        "pipeline",
+        "End-to-end trajectories/s, 1 and 2 agent-loop workers.",
+        cmd_bench_pipeline,
+        model=True,
+        prompts=48,
+        n=(4, "Samples per prompt."),
+        max_tokens=16,
+        replicas=2,
+        raw_messages=(5000, "Baseline message count."),
+    )
+    learn = _bench(
+        b,
+        "learn",
+        "N independent demo pipelines: does each one learn?",
+        cmd_bench_learn,
+        runs=(10, "Independent runs (seeds) per η."),
+        staleness=("2", "max_staleness values, e.g. 0,2."),
+        seed=(0, "Seed of the first run."),
+        target=(0.6, "Reward (mean of 5 steps) that times time_to_reward_s."),
+        out=(None, "Keep every run's directory here (default: a temp dir)."),
+    )
+    learn.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a field of the demo recipe (repeatable).",
+    )
+    _bench(
+        b,
+        "train-step",
+        "Trainer step: one update vs PPO mini-batches.",
+        cmd_bench_train_step,
+        groups=8,
+        n=(8, "Samples per group."),
+        response_tokens=8,
+        mini_batches=2,
+        epochs=1,
+        rounds=7,
+    )
+    _bench(b, "fsdp", "One trainer step: 1 process vs N FSDP2 gloo ranks.", cmd_bench_fsdp, ranks=2)
+    _bench(
+        b,
+        "routing",
+        "Load-aware vs local-only routing, 3 workers.",
+        cmd_bench_routing,
+        model=True,
+        prompts=16,
+        n=(4, "Samples per prompt."),
+        max_tokens=32,
+        workers=(3, "Agent-loop worker processes."),
+        in_flight=(8, "Samples in flight per worker."),
+        big_batch=(16, "The big replica's max batch."),
+        small_batch=(1, "The small one's."),
+        rounds=(2, "Runs of each mode (ABBA order)."),
+    )
