@@ -103,20 +103,33 @@ def _health(address: str) -> dict[str, Any]:
 
 
 def _group_lags(
-    committed: dict[Any, Any], ends: dict[TopicPartition, int], names: set[str]
+    committed: dict[Any, Any],
+    ends: dict[TopicPartition, int],
+    names: set[str],
+    starts: dict[TopicPartition, int] | None = None,
 ) -> dict[str, dict[str, dict[str, int]]]:
-    """group → topic → committed, end and lag (end − committed), summed over partitions."""
+    """group → topic → committed, end and lag (end − committed), summed over partitions.
+
+    A partition of a topic the group reads but has not committed on yet counts from its start
+    (the group reads it from the earliest offset): its records are lag too, not nothing."""
+    starts = starts or {}
     groups: dict[str, dict[str, dict[str, int]]] = {}
     for group, offsets in committed.items():
-        for tp, meta in (offsets or {}).items():
-            if tp.topic not in names or int(meta.offset) < 0:
-                continue
+        positions = {
+            tp: int(meta.offset)
+            for tp, meta in (offsets or {}).items()
+            if tp.topic in names and int(meta.offset) >= 0
+        }
+        for tp in ends:
+            if tp not in positions and any(tp.topic == seen.topic for seen in positions):
+                positions[tp] = starts.get(tp, 0)
+        for tp, offset in positions.items():
             entry = groups.setdefault(str(group), {}).setdefault(
                 tp.topic, {"committed": 0, "end": 0, "lag": 0}
             )
-            entry["committed"] += int(meta.offset)
+            entry["committed"] += offset
             entry["end"] += ends.get(tp, 0)
-            entry["lag"] += max(ends.get(tp, 0) - int(meta.offset), 0)
+            entry["lag"] += max(ends.get(tp, 0) - offset, 0)
     return groups
 
 
@@ -125,12 +138,14 @@ def consumer_lag(kafka: KafkaConfig, topics: TopicsConfig) -> dict[str, dict[str
     admin = make_admin(kafka)
     try:
         names = sorted(set(topics.all_names().values()) & set(admin.list_topics()))
-        ends = _offsets(admin, _partitions(admin, names), OffsetSpec.LATEST)
+        parts = _partitions(admin, names)
+        ends = _offsets(admin, parts, OffsetSpec.LATEST)
+        starts = _offsets(admin, parts, OffsetSpec.EARLIEST)
         group_ids = [_group_id(g) for g in admin.list_groups()]
         committed = admin.list_group_offsets({str(g): None for g in group_ids}) if group_ids else {}
     finally:
         admin.close()
-    return _group_lags(committed, ends, set(names))
+    return _group_lags(committed, ends, set(names), starts)
 
 
 def pipeline_status(
@@ -145,9 +160,8 @@ def pipeline_status(
         time.sleep(interval_s)
         ends = _offsets(admin, parts, OffsetSpec.LATEST)
         elapsed = time.monotonic() - started
-        earliest = _offsets(
-            admin, [tp for tp in parts if tp.topic == topics.name("dlq")], OffsetSpec.EARLIEST
-        )
+        starts = _offsets(admin, parts, OffsetSpec.EARLIEST)
+        earliest = {tp: v for tp, v in starts.items() if tp.topic == topics.name("dlq")}
 
         group_ids = [_group_id(g) for g in admin.list_groups()]
         committed = admin.list_group_offsets({str(g): None for g in group_ids}) if group_ids else {}
@@ -161,7 +175,7 @@ def pipeline_status(
         )
         for name in names
     }
-    groups = _group_lags(committed, ends, set(by_topic))
+    groups = _group_lags(committed, ends, set(by_topic), starts)
 
     def latest(topic: str) -> dict[bytes, bytes | None]:
         return _compacted(kafka, {tp: end for tp, end in ends.items() if tp.topic == topic})

@@ -289,9 +289,12 @@ def interrupt(args: list[str], *, after: Callable[[subprocess.Popen[str]], bool]
               twice: bool = False, timeout_s: float = 120.0) -> Run:  # fmt: skip
     """Start `rollout *args`, send SIGINT once `after(proc)` holds (polled), return the run;
     `seconds` is from the (first) signal to the exit."""
+    # SIGINT as a terminal's Ctrl-C delivers it: a run started in the background of a script
+    # (a CI job started with `&`) inherits SIGINT ignored, and Python then leaves it ignored.
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s
