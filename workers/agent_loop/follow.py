@@ -8,6 +8,9 @@
   trainer counts those in `groups_trained` already.
 - `rl.dlq`: the prompts dead-lettered by any agent-loop worker, resolved without a group (the
   gate counts the whole consumer group's prompts, so every worker's dead letters too).
+- the prompts topic's committed offsets, with the started-through offset each worker commits
+  as metadata: how many prompts the whole consumer group has taken (`follow_group_progress`,
+  an admin client polling twice a second rather than a consumer).
 - `rl.replicas`: replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed by
   the replica id); the router adds and drops them.
 
@@ -17,18 +20,28 @@ nothing committed, an undecodable record on the policy or replicas topic logged 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from aiokafka.errors import KafkaError
 
 from schemas.events import PolicyVersion, ReplicaInfo
 from schemas.headers import DLQ_PREFIX
 from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
+from workers.agent_loop.offsets import OffsetTracker
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import follower, tail
 
-__all__ = ["follow_dead_prompts", "follow_policy", "follow_replicas", "follow_upstream_drops"]
+__all__ = [
+    "follow_dead_prompts",
+    "follow_group_progress",
+    "follow_policy",
+    "follow_replicas",
+    "follow_upstream_drops",
+]
 
 log = logging.getLogger("rollout.agent_loop.follow")
 
@@ -85,6 +98,57 @@ async def _count_drops(
                 gate.observe_dropped()
     finally:
         await consumer.stop()
+
+
+async def follow_group_progress(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    gate: AdmissionGate,
+    consumer: Any,
+    tracker: OffsetTracker,
+    *,
+    group_id: str,
+    client_id: str,
+) -> None:
+    """Feed the gate the prompts the whole group has taken, twice a second (admission.py):
+    per partition, the furthest of its committed offset, the started-through offset its
+    owner committed as metadata, and this worker's own start when it owns it; and the
+    worker's share of the partitions."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    topic = topics.name("prompts")
+    admin = AIOKafkaAdminClient(client_id=client_id, **kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        while True:
+            try:
+                offsets = await admin.list_consumer_group_offsets(group_id)
+                mine = consumer.assignment()
+                taken = 0
+                for tp in {*offsets, *mine}:
+                    if tp.topic != topic:
+                        continue
+                    meta = offsets.get(tp)
+                    committed = (meta.offset, _started_through(meta.metadata)) if meta else (0,)
+                    own = tracker.started_through(tp) if tp in mine else None
+                    taken += max(*committed, own or 0)
+                parts = consumer.partitions_for_topic(topic) or ()
+                owned = sum(tp.topic == topic for tp in mine)
+                gate.share = owned / len(parts) if parts else 1.0
+                gate.observe_started(taken)
+            except KafkaError as exc:  # the broker is away: keep the last count, try again
+                log.debug("group progress unavailable: %r", exc)
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+
+
+def _started_through(metadata: str | None) -> int:
+    """A commit's metadata as the worker writes it (the started-through offset), else 0."""
+    try:
+        return int(metadata or 0)
+    except ValueError:
+        return 0
 
 
 async def follow_replicas(

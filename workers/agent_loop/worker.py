@@ -52,6 +52,7 @@ from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.follow import (
     follow_dead_prompts,
+    follow_group_progress,
     follow_policy,
     follow_replicas,
     follow_upstream_drops,
@@ -72,14 +73,6 @@ __all__ = ["AgentLoopWorker"]
 log = logging.getLogger("rollout.agent_loop.worker")
 
 STAGE = "agent-loop"
-
-
-def _started_through(metadata: str | None) -> int:
-    """A commit's metadata as this stage writes it (the started-through offset), else 0."""
-    try:
-        return int(metadata or 0)
-    except ValueError:
-        return 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -196,7 +189,12 @@ class AgentLoopWorker:
         self.consumer.subscribe([self.topics.name("prompts")], listener=_Rebalance(self))
         await self.consumer.start()
         if cfg.admission.max_staleness is not None:
-            self._follow(self._follow_group_progress())
+            self._follow(
+                follow_group_progress(
+                    self.kafka, self.topics, self.gate, self.consumer, self.tracker,
+                    group_id=cfg.group_id, client_id=f"{tail}-gate",
+                )
+            )  # fmt: skip
 
     def _follow(self, follower: Coroutine[Any, Any, None]) -> None:
         """Run a follower of another stage's topic (`follow`) until shutdown."""
@@ -431,44 +429,6 @@ class AgentLoopWorker:
         if tasks:
             log.info("revoked %d partitions; %d unfinished prompts go to the new owner",
                      len(revoked), len(tasks))  # fmt: skip
-
-    async def _follow_group_progress(self) -> None:
-        """Feed the gate the prompts the whole group has taken, twice a second (admission.py):
-        per partition, the furthest of its committed offset, the started-through offset its
-        owner committed as metadata, and this worker's own start when it owns it."""
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        assert self.consumer is not None
-        topic = self.topics.name("prompts")
-        admin = AIOKafkaAdminClient(
-            client_id=f"{self.kafka.client_id}-{STAGE}-gate", **self.kafka.aiokafka_kwargs()
-        )
-        await admin.start()
-        try:
-            while True:
-                try:
-                    offsets = await admin.list_consumer_group_offsets(self.config.group_id)
-                    mine = self.consumer.assignment()
-                    taken = 0
-                    for tp in {*offsets, *mine}:
-                        if tp.topic != topic:
-                            continue
-                        meta = offsets.get(tp)
-                        own = self.tracker.started_through(tp) if tp in mine else None
-                        taken += max(
-                            meta.offset if meta is not None else 0,
-                            _started_through(meta.metadata) if meta is not None else 0,
-                            own or 0,
-                        )
-                    parts = self.consumer.partitions_for_topic(topic) or ()
-                    owned = sum(tp.topic == topic for tp in mine)
-                    self.gate.share = owned / len(parts) if parts else 1.0
-                    self.gate.observe_started(taken)
-                except KafkaError as exc:  # the broker is away: keep the last count, try again
-                    log.debug("group progress unavailable: %r", exc)
-                await asyncio.sleep(0.5)
-        finally:
-            await admin.close()
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)
