@@ -8,7 +8,6 @@ the suite against an existing cluster instead.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -18,14 +17,9 @@ from pathlib import Path
 import pytest
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.llm.replicas.local import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -140,21 +134,8 @@ class ReplicaProcess:
         )  # fmt: skip
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"replica exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.address + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"replica {self.replica_id} not healthy: {self.log.read_text()[-2000:]}")
+        alive = lambda: self.proc.poll() is None  # noqa: E731
+        wait_healthy(self.address, alive, timeout_s, name=self.replica_id, log=self.log)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -37,7 +37,7 @@ from pipeline.local_run import local_run_config
 from pipeline.producer import PromptProducer
 from pipeline.topics import create_topics, delete_topics
 from workers.kafka.config import KafkaConfig
-from workers.llm.replicas.local import free_port
+from workers.llm.replicas.local import free_port, wait_healthy
 
 __all__ = ["run"]
 
@@ -56,22 +56,6 @@ def _completions(url: str) -> int:
         ):
             return int(float(line.rsplit(" ", 1)[1]))
     return 0
-
-
-def _wait_healthy(urls: list[str], procs: list[StageProcess], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = list(urls)
-    while pending:
-        for proc in procs:
-            if not proc.alive:
-                raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"replicas not healthy in {timeout_s}s: {pending}")
-        try:
-            _get(pending[0] + "/health")
-            pending.pop(0)
-        except OSError:
-            time.sleep(0.2)
 
 
 def _final_turn_times(kafka: KafkaConfig, topic: str, want: int, procs: list[StageProcess],
@@ -177,7 +161,8 @@ def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 
             for proc in replicas:
                 proc.start(env)
             urls = [f"http://127.0.0.1:{ports[name]}" for name in names]
-            _wait_healthy(urls, replicas, 120)
+            for url, proc in zip(urls, replicas, strict=True):
+                wait_healthy(url, lambda p=proc: p.alive, 120, name=proc.name, log=proc.log_path)
             # ABBA...: neither mode always runs on warmer replicas; every run has prompts of
             # its own, so no run finds another's prompts in the replicas' prefix caches
             order = [m for r in range(rounds) for m in (("local", "load") if r % 2 == 0

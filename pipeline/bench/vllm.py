@@ -151,22 +151,10 @@ class _Replica:
         self.log = log
 
     def wait_healthy(self, timeout_s: float = 900.0) -> None:
-        import urllib.request
+        from workers.llm.replicas.local import wait_healthy
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the vLLM replica exited ({self.proc.returncode}); see {self.log}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"the vLLM replica was not healthy in {timeout_s:.0f}s; see {self.log}")
+        alive = lambda: self.proc.poll() is None  # noqa: E731
+        wait_healthy(self.url, alive, timeout_s, name="the vLLM replica", log=self.log, interval_s=1)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,7 +12,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ aiohttp = pytest.importorskip("aiohttp")
 
 from tests.conftest import REPO, free_port  # noqa: E402
 from workers.llm.model_init import init_model  # noqa: E402
+from workers.llm.replicas.local import wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log)
+        wait_healthy(url, lambda: proc.poll() is None, 120, log=log)
         yield url
     finally:
         proc.terminate()
@@ -58,22 +58,6 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"replica exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    pytest.fail(f"replica not healthy within 120 s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")

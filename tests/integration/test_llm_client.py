@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from workers.llm.exceptions import (
     NoReplicaError,
     RetriesExhaustedError,
 )
+from workers.llm.replicas.local import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -517,15 +517,8 @@ class HfProc:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
 
     def wait_ready(self, timeout: float = 240.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.address + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(0.3)
-        raise AssertionError(f"{self.replica_id} not ready:\n{self.log.read_text()[-3000:]}")
+        alive = lambda: self.proc is not None and self.proc.poll() is None  # noqa: E731
+        wait_healthy(self.address, alive, timeout, name=self.replica_id, log=self.log)
 
     async def running(self) -> int:
         return int((await self.info())["running"])

@@ -18,11 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from workers.llm.replicas.local import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -141,18 +142,8 @@ class Replica:
         self.stop()
 
     def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"replica exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                if http(self.url + "/health", timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"replica not healthy after {timeout_s:.0f}s:\n{self.tail()}")
+        alive = lambda: self.proc is not None and self.proc.poll() is None  # noqa: E731
+        wait_healthy(self.url, alive, timeout_s, log=self.log, interval_s=1.0)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

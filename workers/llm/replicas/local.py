@@ -2,7 +2,8 @@
 
 Each replica is a real `python -m workers.llm.replicas.hf` process on a free loopback port;
 `LocalReplicas` waits until every one answers `/health` and stops them all on exit (SIGTERM,
-then SIGKILL), whatever happened in between, a failed start included.
+then SIGKILL), whatever happened in between, a failed start included. `wait_healthy` is that
+wait for any replica process (hf or vLLM) that someone else launched.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LocalReplicas", "free_port"]
+__all__ = ["LocalReplicas", "free_port", "wait_healthy"]
 
 
 def free_port() -> int:
@@ -24,6 +26,44 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def healthy(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether the replica at `url` answers `/health` with 200 now."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout_s) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def wait_healthy(
+    url: str,
+    alive: Callable[[], bool],
+    timeout_s: float,
+    *,
+    name: str = "replica",
+    log: Path | None = None,
+    interval_s: float = 0.3,
+) -> None:
+    """Poll `url`'s `/health` until it answers 200 while `alive()` holds.
+
+    RuntimeError when the process dies first, TimeoutError at the deadline; both end with the
+    tail of `log`, where the reason usually is.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not healthy(url):
+        if not alive():
+            raise RuntimeError(f"{name} exited before it was healthy{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} not healthy after {timeout_s:.0f}s{_tail(log)}")
+        time.sleep(interval_s)
+
+
+def _tail(log: Path | None, chars: int = 3000) -> str:
+    if log is None or not log.exists():
+        return ""
+    return f"; the end of {log}:\n{log.read_text(errors='replace')[-chars:]}"
 
 
 class LocalReplicas:
@@ -98,21 +138,14 @@ class LocalReplicas:
             self.ids.append(rid)
         deadline = time.monotonic() + timeout_s
         for proc, address, rid in zip(self.procs, self.addresses, self.ids, strict=True):
-            while not self._healthy(address):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"replica {rid} exited; see {self.log_dir / (rid + '.log')}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"replica {rid} not healthy after {timeout_s:.0f}s")
-                time.sleep(0.3)
+            wait_healthy(
+                address,
+                lambda proc=proc: proc.poll() is None,
+                max(0.0, deadline - time.monotonic()),
+                name=f"replica {rid}",
+                log=self.log_dir / f"{rid}.log",
+            )
         return self
-
-    @staticmethod
-    def _healthy(address: str) -> bool:
-        try:
-            with urllib.request.urlopen(address + "/health", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
 
     def stop(self) -> None:
         for proc in self.procs:
