@@ -154,7 +154,9 @@ class _Replica:
         from workers.llm.replicas.local import wait_healthy
 
         alive = lambda: self.proc.poll() is None  # noqa: E731
-        wait_healthy(self.url, alive, timeout_s, name="the vLLM replica", log=self.log, interval_s=1)
+        wait_healthy(
+            self.url, alive, timeout_s, name="the vLLM replica", log=self.log, interval_s=1
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:

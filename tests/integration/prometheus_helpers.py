@@ -12,7 +12,6 @@ import json
 import math
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO, free_port
+from workers.llm.replicas.local import wait_healthy
 
 DASHBOARDS = REPO / "infra" / "grafana" / "dashboards"
 
@@ -79,18 +79,8 @@ class Prometheus:
         )  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready: {self.tail()}")
+        alive = lambda: self.proc.poll() is None  # noqa: E731
+        wait_healthy(self.url, alive, timeout_s, name="prometheus", log=self.log, path="/-/ready")
 
     def api(self, path: str, **params: str) -> Any:
         query = urllib.parse.urlencode(params)

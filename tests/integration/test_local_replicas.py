@@ -29,7 +29,7 @@ def test_waiting_on_a_replica_that_dies_says_so_with_its_log(tmp_path: Path) -> 
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(RuntimeError, match="exited before it was healthy(.|\n)*no such model"):
+    with pytest.raises(RuntimeError, match=r"(?s)exited before it was healthy.*no such model"):
         wait_healthy(url, lambda: proc.poll() is None, 60, log=log)
     with pytest.raises(TimeoutError, match="not healthy after 0s"):
         wait_healthy(url, lambda: True, 0.2, interval_s=0.05)

@@ -28,10 +28,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def healthy(url: str, timeout_s: float = 5.0) -> bool:
-    """Whether the replica at `url` answers `/health` with 200 now."""
+def healthy(url: str, timeout_s: float = 5.0, *, path: str = "/health") -> bool:
+    """Whether the server at `url` answers `path` with 200 now."""
     try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url + path, timeout=timeout_s) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
@@ -45,14 +45,15 @@ def wait_healthy(
     name: str = "replica",
     log: Path | None = None,
     interval_s: float = 0.3,
+    path: str = "/health",
 ) -> None:
-    """Poll `url`'s `/health` until it answers 200 while `alive()` holds.
+    """Poll `url`'s `/health` (or `path`) until it answers 200 while `alive()` holds.
 
     RuntimeError when the process dies first, TimeoutError at the deadline; both end with the
     tail of `log`, where the reason usually is.
     """
     deadline = time.monotonic() + timeout_s
-    while not healthy(url):
+    while not healthy(url, path=path):
         if not alive():
             raise RuntimeError(f"{name} exited before it was healthy{_tail(log)}")
         if time.monotonic() > deadline:
