@@ -48,9 +48,12 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     if state.reused:
         print(f"Kafka already running at {state.bootstrap}", file=sys.stderr)
     if state.secure:
-        print(f"SASL_SSL (SCRAM-SHA-512) with ACLs; credentials (0600) in "
-              f"{Path(state.data_dir) / 'credentials.json'}; config for a user: "
-              f"rollout kafka creds --port {port} --user NAME", file=sys.stderr)  # fmt: skip
+        print(
+            f"SASL_SSL (SCRAM-SHA-512) with ACLs; credentials (0600) in "
+            f"{Path(state.data_dir) / 'credentials.json'}; config for a user: "
+            f"rollout kafka creds --port {port} --user NAME",
+            file=sys.stderr,
+        )
     print(state.bootstrap)
     return 0
 

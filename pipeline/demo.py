@@ -73,29 +73,56 @@ def demo_config(
     updates: dict[str, dict[str, Any]] = {
         "topics": {"prefix": prefix},
         "agent_loop": {
-            "group_id": f"{prefix}agent-loop", "model": str(model_dir), "n": recipe.n,
-            "max_samples_in_flight": 64, "commit_interval_s": 0.5,
+            "group_id": f"{prefix}agent-loop",
+            "model": str(model_dir),
+            "n": recipe.n,
+            "max_samples_in_flight": 64,
+            "commit_interval_s": 0.5,
             "sampling": {"max_tokens": recipe.max_tokens, "temperature": 1.0},
             # vLLM needs a minute or two to become healthy on a CPU; hf replicas seconds.
-            "llm": {"health_interval_s": 1.0, "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0},
+            "llm": {
+                "health_interval_s": 1.0,
+                "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0,
+            },
             "admission": {"max_staleness": staleness, "train_batch_size": recipe.train_batch_size},
         },
-        "reward": {"group_id": f"{prefix}reward", "tokenizer": str(model_dir), "batch_within_s": 0.1,
-                   "commit_interval_s": 0.5,
-                   "overlong": {"buffer_len": recipe.overlong_buffer,
-                                "penalty_factor": recipe.overlong_penalty}},
-        "replay": {"group_id": f"{prefix}replay", "n": recipe.n,
-                   "drop_zero_variance": recipe.drop_zero_variance,
-                   "max_staleness": staleness, "batch_within_s": 0.1, "commit_interval_s": 0.5},
-        "trainer": {"model_dir": str(model_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
-                    "group_id": f"{prefix}trainer", "train_batch_size": recipe.train_batch_size,
-                    "micro_batch_size": recipe.train_batch_size * recipe.n, "sync_every": 1,
-                    "max_steps": recipe.steps, "max_staleness": staleness,
-                    "torch_threads": 1, "lr": recipe.lr, "seed": recipe.seed,
-                    "ppo_mini_batches": recipe.ppo_mini_batches, "ppo_epochs": recipe.ppo_epochs,
-                    "kl_coef": recipe.kl_coef, "entropy_coeff": recipe.entropy_coeff,
-                    "mask_truncated": recipe.mask_truncated},
-    }  # fmt: skip
+        "reward": {
+            "group_id": f"{prefix}reward",
+            "tokenizer": str(model_dir),
+            "batch_within_s": 0.1,
+            "commit_interval_s": 0.5,
+            "overlong": {
+                "buffer_len": recipe.overlong_buffer,
+                "penalty_factor": recipe.overlong_penalty,
+            },
+        },
+        "replay": {
+            "group_id": f"{prefix}replay",
+            "n": recipe.n,
+            "drop_zero_variance": recipe.drop_zero_variance,
+            "max_staleness": staleness,
+            "batch_within_s": 0.1,
+            "commit_interval_s": 0.5,
+        },
+        "trainer": {
+            "model_dir": str(model_dir),
+            "checkpoint_dir": str(run_dir / "checkpoints"),
+            "group_id": f"{prefix}trainer",
+            "train_batch_size": recipe.train_batch_size,
+            "micro_batch_size": recipe.train_batch_size * recipe.n,
+            "sync_every": 1,
+            "max_steps": recipe.steps,
+            "max_staleness": staleness,
+            "torch_threads": 1,
+            "lr": recipe.lr,
+            "seed": recipe.seed,
+            "ppo_mini_batches": recipe.ppo_mini_batches,
+            "ppo_epochs": recipe.ppo_epochs,
+            "kl_coef": recipe.kl_coef,
+            "entropy_coeff": recipe.entropy_coeff,
+            "mask_truncated": recipe.mask_truncated,
+        },
+    }
     for section, values in updates.items():
         data[section] = merge(data.get(section, {}), values)
     return RunConfig(**data)
@@ -119,9 +146,15 @@ def prepare_model(
         init_model(model_dir, recipe.preset, recipe.seed)
         rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
         done["warm_start_s"] = warm_start(
-            model_dir, rows, steps=recipe.sft_steps, batch_size=recipe.sft_batch,
-            lr=recipe.sft_lr, format_frac=recipe.sft_format_frac, seed=recipe.seed, cancel=cancel,
-        )  # fmt: skip
+            model_dir,
+            rows,
+            steps=recipe.sft_steps,
+            batch_size=recipe.sft_batch,
+            lr=recipe.sft_lr,
+            format_frac=recipe.sft_format_frac,
+            seed=recipe.seed,
+            cancel=cancel,
+        )
     except BaseException as exc:  # handed to the main thread, which re-raises it
         done["error"] = exc
 
@@ -211,7 +244,7 @@ def run_demo(
                     started_port = state.port
         if state is not None:
             if state.data_dir:
-                broker_note = f"local broker data: {state.data_dir} (start it again: rollout kafka up --port {state.port} --data-dir {state.data_dir})"  # fmt: skip
+                broker_note = f"local broker data: {state.data_dir} (start it again: rollout kafka up --port {state.port} --data-dir {state.data_dir})"
             kafka = cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})
             cfg = cfg.model_copy(update={"kafka": kafka})
         console.print(f"Kafka at {cfg.kafka.bootstrap} ({time.monotonic() - started:.0f}s)")
@@ -229,8 +262,9 @@ def run_demo(
         console.print(f"topics: {', '.join(created)}")
         sent = produce_prompts(cfg, out, recipe, prompts)
         console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
-        steps_done, launched = train_stages(cfg, run_dir, model_dir, recipe, console, started,
-                                            backend=backend)  # fmt: skip
+        steps_done, launched = train_stages(
+            cfg, run_dir, model_dir, recipe, console, started, backend=backend
+        )
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if worker is not None and worker.is_alive():
@@ -317,13 +351,24 @@ def train_stages(
                             pipe.check()
                     snap = progress.poll()
                     elapsed = time.monotonic() - started
-                    live.update(render(snap, max_steps=recipe.steps, elapsed_s=elapsed,
-                                       title=f"rollout demo {cfg.topics.prefix}"))  # fmt: skip
+                    live.update(
+                        render(
+                            snap,
+                            max_steps=recipe.steps,
+                            elapsed_s=elapsed,
+                            title=f"rollout demo {cfg.topics.prefix}",
+                        )
+                    )
                     time.sleep(1.0)
                 snap = progress.poll()
-                live.update(render(snap, max_steps=recipe.steps,
-                                   elapsed_s=time.monotonic() - started,
-                                   title=f"rollout demo {cfg.topics.prefix}"))  # fmt: skip
+                live.update(
+                    render(
+                        snap,
+                        max_steps=recipe.steps,
+                        elapsed_s=time.monotonic() - started,
+                        title=f"rollout demo {cfg.topics.prefix}",
+                    )
+                )
             if trainer.alive:
                 console.print(f"deadline reached after {snap.step} steps; stopping")
             elif trainer.proc is not None and trainer.proc.returncode != 0:

@@ -252,18 +252,25 @@ def offline_grpo(
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     config = TrainerConfig(
-        lr=recipe.lr, micro_batch_size=64, train_batch_size=recipe.train_batch_size,
-        ppo_mini_batches=recipe.ppo_mini_batches, ppo_epochs=recipe.ppo_epochs,
-        kl_coef=recipe.kl_coef, entropy_coeff=recipe.entropy_coeff,
+        lr=recipe.lr,
+        micro_batch_size=64,
+        train_batch_size=recipe.train_batch_size,
+        ppo_mini_batches=recipe.ppo_mini_batches,
+        ppo_epochs=recipe.ppo_epochs,
+        kl_coef=recipe.kl_coef,
+        entropy_coeff=recipe.entropy_coeff,
         mask_truncated=recipe.mask_truncated,
-    )  # fmt: skip
+    )
     ref_model = None
     if recipe.kl_coef > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         ref_model.eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas)
-    overlong = OverlongConfig(buffer_len=recipe.overlong_buffer, max_response_length=recipe.max_tokens,
-                              penalty_factor=recipe.overlong_penalty)  # fmt: skip
+    overlong = OverlongConfig(
+        buffer_len=recipe.overlong_buffer,
+        max_response_length=recipe.max_tokens,
+        penalty_factor=recipe.overlong_penalty,
+    )
     rng = random.Random(recipe.seed + 1)
     rewards: list[float] = []
     for step in range(recipe.steps):
@@ -317,8 +324,15 @@ def main() -> None:
     rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = init_model(Path(tmp) / "model", recipe.preset, recipe.seed)
-        sft_s = warm_start(model_dir, rows, steps=recipe.sft_steps, batch_size=recipe.sft_batch,
-                           lr=recipe.sft_lr, format_frac=recipe.sft_format_frac, seed=recipe.seed)  # fmt: skip
+        sft_s = warm_start(
+            model_dir,
+            rows,
+            steps=recipe.sft_steps,
+            batch_size=recipe.sft_batch,
+            lr=recipe.sft_lr,
+            format_frac=recipe.sft_format_frac,
+            seed=recipe.seed,
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         start = evaluate(model, tokenizer, rows[:64])

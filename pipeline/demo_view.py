@@ -208,6 +208,12 @@ def render(snap: Snapshot, *, max_steps: int, elapsed_s: float, title: str) -> A
                 f"staleness {stale}  stale-dropped {snap.stale_dropped}  "
                 f"policy v{snap.policy_version}"
             )
-        table.add_row(name, *("-" if numbers[k] is None else str(numbers[k]) for k in
-                              ("consumed", "produced", "lag", "in_flight")), note)  # fmt: skip
+        table.add_row(
+            name,
+            *(
+                "-" if numbers[k] is None else str(numbers[k])
+                for k in ("consumed", "produced", "lag", "in_flight")
+            ),
+            note,
+        )
     return table

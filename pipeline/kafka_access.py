@@ -123,12 +123,19 @@ def grant(
         raise SecureBrokerError(f"granting ACLs to {principal} failed: {exc}") from exc
     finally:
         client.close()
-    log.info("granted %s on topics %s group %s to %s", list(operations), list(topics), group,
-             principal)  # fmt: skip
+    log.info(
+        "granted %s on topics %s group %s to %s", list(operations), list(topics), group, principal
+    )
     return len(acls)
 
 
 def _acl_key(acl: Any) -> tuple[object, ...]:
     pattern = acl.resource_pattern
-    return (acl.principal, acl.operation, acl.permission_type, pattern.resource_type,
-            pattern.resource_name, pattern.pattern_type)  # fmt: skip
+    return (
+        acl.principal,
+        acl.operation,
+        acl.permission_type,
+        pattern.resource_type,
+        pattern.resource_name,
+        pattern.pattern_type,
+    )

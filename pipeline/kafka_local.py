@@ -56,9 +56,15 @@ def ensure_jars(*, quiet: bool = False) -> Path:
     tmp = lib.with_name("lib.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [
-        mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
-    ]  # fmt: skip
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={tmp}",
+    ]
     if not quiet:
         print(f"resolving Kafka jars with Maven into {lib} (once)…", file=sys.stderr)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -139,11 +145,18 @@ def _java(lib: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
     if java is None:
         raise KafkaUnavailableError("Java 17+ is needed to run the local Kafka broker")
     return [
-        java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        java,
+        f"-Xmx{heap}",
+        "-Xms128m",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={INFRA / 'log4j2.properties'}",
-        "-cp", f"{lib}/*", main, *args,
-    ]  # fmt: skip
+        "-cp",
+        f"{lib}/*",
+        main,
+        *args,
+    ]
 
 
 def start_broker(
@@ -197,8 +210,14 @@ def start_broker(
     if secure:
         from pipeline import kafka_secure
 
-        setup = kafka_secure.prepare(data, host=host, advertised_host="localhost", port=port,
-                                     controller_port=controller_port, users=users)  # fmt: skip
+        setup = kafka_secure.prepare(
+            data,
+            host=host,
+            advertised_host="localhost",
+            port=port,
+            controller_port=controller_port,
+            users=users,
+        )
     else:
         template = string.Template((INFRA / "server.properties.template").read_text())
         props.write_text(
@@ -212,8 +231,15 @@ def start_broker(
         )
     probe = _security_kwargs(setup.admin_config(bootstrap).client_kwargs()) if setup else {}
     if not formatted:
-        fmt_args = ["kafka.tools.StorageTool", "format", "--standalone",
-                    "-t", _cluster_id(), "-c", str(props)]  # fmt: skip
+        fmt_args = [
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(props),
+        ]
         if setup is not None:
             # SCRAM users at format time; the passwords go through a 0600 argument file.
             with kafka_secure.java_argfile(data, fmt_args + setup.scram_format_args()) as af:
@@ -256,8 +282,11 @@ def start_broker(
                 if setup is not None and formatted and setup.added_users:
                     _secure_users(str(data), bootstrap, setup.added_users)
                 if not quiet:
-                    print(f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
-                          f"(pid {proc.pid}, data {data})", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"Kafka up at {bootstrap} in {time.monotonic() - started:.1f}s "
+                        f"(pid {proc.pid}, data {data})",
+                        file=sys.stderr,
+                    )
                 return state
             time.sleep(0.2)
     except BaseException:

@@ -41,9 +41,15 @@ COMPOSE_REPLICA_PORT = 8000
 #: docker-compose service → the process of `stage_plan` it runs (tests/unit/test_compose.py
 #: checks these against docker-compose.yml's commands).
 COMPOSE_SERVICES = {
-    "agent-loop": "agent-loop", "reward": "reward", "replay": "replay", "trainer": "train",
-    "sync-0": "sync-0", "sync-1": "sync-1", "replica-0": "replica-0", "replica-1": "replica-1",
-}  # fmt: skip
+    "agent-loop": "agent-loop",
+    "reward": "reward",
+    "replay": "replay",
+    "trainer": "train",
+    "sync-0": "sync-0",
+    "sync-1": "sync-1",
+    "replica-0": "replica-0",
+    "replica-1": "replica-1",
+}
 #: Services scaled with `--scale NAME=N`: one name, several containers, found by DNS.
 COMPOSE_SCALED = frozenset({"agent-loop"})
 

@@ -197,8 +197,14 @@ def pipeline_status(
         except DecodeError:
             continue
         if isinstance(info, ReplicaInfo):
-            replicas.append({"replica_id": info.replica_id, "address": info.address, "backend": info.backend,
-                             **_health(info.address)})  # fmt: skip
+            replicas.append(
+                {
+                    "replica_id": info.replica_id,
+                    "address": info.address,
+                    "backend": info.backend,
+                    **_health(info.address),
+                }
+            )
     dlq = topics.name("dlq")
     return {
         "bootstrap": kafka.bootstrap,

@@ -127,11 +127,29 @@ class ReplicaProcess:
         self.address = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{replica_id}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", *global_args, "replica", "serve", "--backend", "hf",
-             "--model", str(model), "--port", str(self.port), "--replica-id", replica_id,
-             "--threads", "1", *extra],
-            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                *global_args,
+                "replica",
+                "serve",
+                "--backend",
+                "hf",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                "--replica-id",
+                replica_id,
+                "--threads",
+                "1",
+                *extra,
+            ],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:
         alive = lambda: self.proc.poll() is None  # noqa: E731

@@ -107,21 +107,32 @@ class StageMetrics:
             "rollout_in_flight_samples", "Work in progress in this stage.", by_stage, registry=r
         )
         self._version = Gauge(
-            "rollout_policy_version", "Latest policy version this process knows.", by_stage,
+            "rollout_policy_version",
+            "Latest policy version this process knows.",
+            by_stage,
             registry=r,
-        )  # fmt: skip
+        )
         self._turn = Histogram(
-            "rollout_turn_latency_seconds", "Seconds per turn.", by_stage,
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "rollout_turn_latency_seconds",
+            "Seconds per turn.",
+            by_stage,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._trajectory = Histogram(
-            "rollout_trajectory_latency_seconds", "Seconds per trajectory.", by_stage,
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "rollout_trajectory_latency_seconds",
+            "Seconds per trajectory.",
+            by_stage,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._staleness = Histogram(
-            "rollout_staleness", "Policy versions behind, per group or sample.", by_stage,
-            buckets=STALENESS_BUCKETS, registry=r,
-        )  # fmt: skip
+            "rollout_staleness",
+            "Policy versions behind, per group or sample.",
+            by_stage,
+            buckets=STALENESS_BUCKETS,
+            registry=r,
+        )
         # The stage-only children, resolved once: `labels()` takes a lock and checks its
         # arguments on every call, which showed in the reward stage's per-batch profile.
         self._turn_child = self._turn.labels(stage)
@@ -197,17 +208,23 @@ class TrainerMetrics(StageMetrics):
         self._steps = Counter("rollout_trainer_steps", "Optimiser steps.", by_stage, registry=r)
         self._loss = Gauge("rollout_trainer_loss", "Loss of the last step.", by_stage, registry=r)
         self._reward = Gauge(
-            "rollout_trainer_reward_mean", "Mean score of the last step's samples.", by_stage,
+            "rollout_trainer_reward_mean",
+            "Mean score of the last step's samples.",
+            by_stage,
             registry=r,
-        )  # fmt: skip
+        )
         self._is_mean = Gauge(
             "rollout_trainer_importance_weight_mean",
-            "Mean truncated importance weight of the last step.", by_stage, registry=r,
-        )  # fmt: skip
+            "Mean truncated importance weight of the last step.",
+            by_stage,
+            registry=r,
+        )
         self._is_max = Gauge(
             "rollout_trainer_importance_weight_max",
-            "Largest truncated importance weight of the last step.", by_stage, registry=r,
-        )  # fmt: skip
+            "Largest truncated importance weight of the last step.",
+            by_stage,
+            registry=r,
+        )
 
     def step(self, metrics: Mapping[str, float], reward_mean: float) -> None:
         """One optimiser step with `train_step`'s metrics (`loss`, `is_weight_mean/max`)."""
@@ -249,13 +266,19 @@ def replica_families(
         family(g, "rollout_replica_waiting_requests", "Requests queued or paused.", waiting),
         family(c, "rollout_replica_generated_tokens", "Tokens sampled.", generated_tokens),
         family(
-            c, "rollout_replica_prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.", prefix_cache_queries,
+            c,
+            "rollout_replica_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            prefix_cache_queries,
         ),
         family(
-            c, "rollout_replica_prefix_cache_hits",
-            "Prompt tokens served from the prefix cache.", prefix_cache_hits,
+            c,
+            "rollout_replica_prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.",
+            prefix_cache_hits,
         ),
         family(g, "rollout_replica_prefix_cache_hit_rate", "Hits / queries since start.", rate),
-        family(g, "rollout_replica_policy_version", "Version of the served weights.", policy_version),
-    ]  # fmt: skip
+        family(
+            g, "rollout_replica_policy_version", "Version of the served weights.", policy_version
+        ),
+    ]

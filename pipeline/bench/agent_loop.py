@@ -60,16 +60,21 @@ async def _direct(cfg: AgentLoopWorkerConfig, tokenizer: Any, prompts: list[Prom
         return None
 
     async with LLMClient(cfg.llm, cfg.replicas) as llm:
-        context = AgentContext(llm=llm, tokenizer=tokenizer, on_turn=on_turn,
-                               max_prompt_length=cfg.loops.max_prompt_length,
-                               max_response_length=cfg.loops.max_response_length)  # fmt: skip
+        context = AgentContext(
+            llm=llm,
+            tokenizer=tokenizer,
+            on_turn=on_turn,
+            max_prompt_length=cfg.loops.max_prompt_length,
+            max_response_length=cfg.loops.max_response_length,
+        )
 
         async def sample(prompt: PromptEvent, index: int) -> None:
             async with limit:
                 await loop_cls(context).run(
-                    cfg.sampling, messages=[m.model_dump(exclude_none=True) for m in prompt.prompt],
+                    cfg.sampling,
+                    messages=[m.model_dump(exclude_none=True) for m in prompt.prompt],
                     request_id=f"{prompt.uid}/{index}",
-                )  # fmt: skip
+                )
 
         started = time.perf_counter()
         await asyncio.gather(*(sample(p, i) for p in prompts for i in range(cfg.n)))
@@ -153,9 +158,12 @@ def run(
     ):
         tokenizer = AutoTokenizer.from_pretrained(model)
         cfg = AgentLoopWorkerConfig(
-            model=model, n=n, replicas=reps.addresses, max_samples_in_flight=concurrency,
+            model=model,
+            n=n,
+            replicas=reps.addresses,
+            max_samples_in_flight=concurrency,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True),
-        )  # fmt: skip
+        )
         samples = prompts * n
 
         def direct(r: int) -> float:

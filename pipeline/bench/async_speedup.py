@@ -30,13 +30,33 @@ from workers.kafka.config import KafkaConfig
 __all__ = ["run"]
 
 
-def _config(kafka: KafkaConfig, prefix: str, model: str, run_dir: Path, staleness: int, *,
-            steps: int, batch: int, n: int, max_tokens: int) -> RunConfig:  # fmt: skip
+def _config(
+    kafka: KafkaConfig,
+    prefix: str,
+    model: str,
+    run_dir: Path,
+    staleness: int,
+    *,
+    steps: int,
+    batch: int,
+    n: int,
+    max_tokens: int,
+) -> RunConfig:
     return local_run_config(
-        kafka, prefix, model, run_dir, n=n, train_batch_size=batch, max_tokens=max_tokens,
-        max_staleness=staleness, in_flight=batch * n * (staleness + 1),
-        overrides={"agent_loop": {"sampling": {"ignore_eos": True}}, "trainer": {"max_steps": steps}},
-    )  # fmt: skip
+        kafka,
+        prefix,
+        model,
+        run_dir,
+        n=n,
+        train_batch_size=batch,
+        max_tokens=max_tokens,
+        max_staleness=staleness,
+        in_flight=batch * n * (staleness + 1),
+        overrides={
+            "agent_loop": {"sampling": {"ignore_eos": True}},
+            "trainer": {"max_steps": steps},
+        },
+    )
 
 
 def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: Any) -> dict[str, Any]:
@@ -73,8 +93,15 @@ def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: Any) 
     }
 
 
-def run(kafka: KafkaConfig, *, steps: int = 8, batch: int = 2, n: int = 4, max_tokens: int = 48,
-        model_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    kafka: KafkaConfig,
+    *,
+    steps: int = 8,
+    batch: int = 2,
+    n: int = 4,
+    max_tokens: int = 48,
+    model_dir: str | None = None,
+) -> dict[str, Any]:
     settings = {"steps": steps, "batch": batch, "n": n, "max_tokens": max_tokens}
     with (
         tiny_model(model_dir) as model,

@@ -117,8 +117,10 @@ def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
         key, sep, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in types:
-            raise SystemExit(f"rollout bench learn: --recipe {pair!r}: use KEY=VALUE, KEY one of "
-                             f"{', '.join(sorted(types))}")  # fmt: skip
+            raise SystemExit(
+                f"rollout bench learn: --recipe {pair!r}: use KEY=VALUE, KEY one of "
+                f"{', '.join(sorted(types))}"
+            )
         kind = types[key]
         changes[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     recipe = replace(recipe, **changes)
@@ -128,12 +130,23 @@ def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise SystemExit(f"rollout bench learn: --staleness {args.staleness!r}: e.g. 0,2") from None
 
     def progress(result: dict[str, Any]) -> None:
-        print(f"seed {result['seed']} η={result['max_staleness']}: {result['first']:.3f} → "
-              f"{result['last']:.3f} ({result['delta']:+.3f}) in {result['wall_s']:.0f}s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"seed {result['seed']} η={result['max_staleness']}: {result['first']:.3f} → "
+            f"{result['last']:.3f} ({result['delta']:+.3f}) in {result['wall_s']:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    result = run(cfg, runs=args.runs, staleness=staleness, recipe=recipe, seed=args.seed,
-                 target=args.target, out_dir=args.out, progress=progress)  # fmt: skip
+    result = run(
+        cfg,
+        runs=args.runs,
+        staleness=staleness,
+        recipe=recipe,
+        seed=args.seed,
+        target=args.target,
+        out_dir=args.out,
+        progress=progress,
+    )
     _emit(result, args.json)
     return 0
 

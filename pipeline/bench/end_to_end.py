@@ -35,13 +35,28 @@ from workers.kafka.config import KafkaConfig
 __all__ = ["run"]
 
 
-def _config(kafka: KafkaConfig, prefix: str, model: str, run_dir: Path, *, n: int, batch: int,
-            max_tokens: int) -> RunConfig:  # fmt: skip
+def _config(
+    kafka: KafkaConfig,
+    prefix: str,
+    model: str,
+    run_dir: Path,
+    *,
+    n: int,
+    batch: int,
+    max_tokens: int,
+) -> RunConfig:
     return local_run_config(
-        kafka, prefix, model, run_dir, n=n, train_batch_size=batch, max_tokens=max_tokens,
-        max_staleness=None, sync_every=4,
+        kafka,
+        prefix,
+        model,
+        run_dir,
+        n=n,
+        train_batch_size=batch,
+        max_tokens=max_tokens,
+        max_staleness=None,
+        sync_every=4,
         overrides={"agent_loop": {"sampling": {"ignore_eos": True}}},
-    )  # fmt: skip
+    )
 
 
 def _steps(metrics: Path) -> list[dict[str, Any]]:
@@ -72,8 +87,19 @@ def _mean_value_size(kafka: KafkaConfig, topic: str) -> int:
         consumer.close()
 
 
-def _one(kafka: KafkaConfig, model: str, workers: int, root: Path, *, prompts: int, n: int,
-         batch: int, max_tokens: int, replicas: int, timeout_s: float) -> dict[str, Any]:  # fmt: skip
+def _one(
+    kafka: KafkaConfig,
+    model: str,
+    workers: int,
+    root: Path,
+    *,
+    prompts: int,
+    n: int,
+    batch: int,
+    max_tokens: int,
+    replicas: int,
+    timeout_s: float,
+) -> dict[str, Any]:
     prefix = f"e2e-{workers}w-{uuid.uuid4().hex[:6]}."
     run_dir = root / f"{workers}w"
     cfg = _config(kafka, prefix, model, run_dir, n=n, batch=batch, max_tokens=max_tokens)
@@ -82,8 +108,9 @@ def _one(kafka: KafkaConfig, model: str, workers: int, root: Path, *, prompts: i
         producer.produce_rows(arithmetic_rows(prompts, seed=1), uid_prefix=prefix)
     metrics = run_dir / "ckpt" / "metrics.jsonl"
     total = prompts * n
-    with LocalPipeline(cfg, run_dir, model_dir=model, replicas=replicas,
-                       agent_loop_workers=workers) as pipe:  # fmt: skip
+    with LocalPipeline(
+        cfg, run_dir, model_dir=model, replicas=replicas, agent_loop_workers=workers
+    ) as pipe:
         deadline = time.monotonic() + timeout_s
         while sum(r["samples"] for r in _steps(metrics)) < total:
             if time.monotonic() > deadline:
@@ -136,11 +163,25 @@ def _raw_rate(kafka: KafkaConfig, size: int, count: int) -> float:
         admin.close()
 
 
-def run(kafka: KafkaConfig, *, prompts: int = 48, n: int = 4, batch: int = 4, max_tokens: int = 16,
-        replicas: int = 2, raw_messages: int = 5000, model_dir: str | None = None,
-        timeout_s: float = 900.0) -> dict[str, Any]:  # fmt: skip
-    settings = {"prompts": prompts, "n": n, "batch": batch, "max_tokens": max_tokens,
-                "replicas": replicas}  # fmt: skip
+def run(
+    kafka: KafkaConfig,
+    *,
+    prompts: int = 48,
+    n: int = 4,
+    batch: int = 4,
+    max_tokens: int = 16,
+    replicas: int = 2,
+    raw_messages: int = 5000,
+    model_dir: str | None = None,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    settings = {
+        "prompts": prompts,
+        "n": n,
+        "batch": batch,
+        "max_tokens": max_tokens,
+        "replicas": replicas,
+    }
     with (
         tiny_model(model_dir) as model,
         bench_broker(kafka) as kafka_cfg,

@@ -109,14 +109,21 @@ def learn_once(
     if "error" in prepared:
         raise prepared["error"]
     prefix = f"learn-{recipe.seed}-{max_staleness}-{int(time.time() * 1000) % 10**9}."
-    cfg = demo_config(cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe,
-                      max_staleness=max_staleness)  # fmt: skip
+    cfg = demo_config(
+        cfg,
+        prefix=prefix,
+        model_dir=model_dir,
+        run_dir=run_dir,
+        recipe=recipe,
+        max_staleness=max_staleness,
+    )
     create_topics(cfg.kafka, cfg.topics)
     try:
         produce_prompts(cfg, out, recipe, max_staleness=max_staleness)
         quiet = Console(file=io.StringIO(), width=120)
-        steps, launched = train_stages(cfg, run_dir, model_dir, recipe, quiet, time.monotonic(),
-                                       deadline_s=deadline_s)  # fmt: skip
+        steps, launched = train_stages(
+            cfg, run_dir, model_dir, recipe, quiet, time.monotonic(), deadline_s=deadline_s
+        )
     finally:
         delete_topics(cfg.kafka, cfg.topics)
     result = summarize_run(steps, launched, target=target)
@@ -127,8 +134,9 @@ def learn_once(
 
 
 def _aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
-    times = [r["time_to_reward_s"] if r["time_to_reward_s"] is not None else r["wall_s"]
-             for r in results]  # fmt: skip
+    times = [
+        r["time_to_reward_s"] if r["time_to_reward_s"] is not None else r["wall_s"] for r in results
+    ]
     return {
         "runs": len(results),
         "learned": sum(r["learned"] for r in results),
@@ -163,8 +171,17 @@ def run(
 
     previous = sigterm_as_interrupt()
     try:
-        return _run(cfg, runs=runs, staleness=staleness, recipe=recipe, seed=seed,
-                    deadline_s=deadline_s, target=target, out_dir=out_dir, progress=progress)  # fmt: skip
+        return _run(
+            cfg,
+            runs=runs,
+            staleness=staleness,
+            recipe=recipe,
+            seed=seed,
+            deadline_s=deadline_s,
+            target=target,
+            out_dir=out_dir,
+            progress=progress,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -192,8 +209,9 @@ def _run(
                 for eta in staleness:  # interleaved, so a slow spell hits every η alike
                     one = replace(base, seed=seed + i)
                     out = root / f"seed{one.seed}-eta{eta}"
-                    result = learn_once(cfg, one, out, max_staleness=eta, deadline_s=deadline_s,
-                                        target=target)  # fmt: skip
+                    result = learn_once(
+                        cfg, one, out, max_staleness=eta, deadline_s=deadline_s, target=target
+                    )
                     results[eta].append(result)
                     if progress is not None:
                         progress(result)

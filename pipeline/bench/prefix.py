@@ -102,23 +102,38 @@ def run(
         if longest + gen_tokens > context:
             raise ValueError(f"last turn needs {longest + gen_tokens} tokens > context {context}")
         workload = _workload(
-            _allowed_ids(Path(model_dir)), conversations, turns, tool_tokens, system_tokens,
-            task_tokens, seed,
-        )  # fmt: skip
+            _allowed_ids(Path(model_dir)),
+            conversations,
+            turns,
+            tool_tokens,
+            system_tokens,
+            task_tokens,
+            seed,
+        )
         reps = LocalReplicas(
-            model_dir, replicas, threads=1, log_dir=Path(tmp) / "logs", env={"OMP_NUM_THREADS": "1"},
+            model_dir,
+            replicas,
+            threads=1,
+            log_dir=Path(tmp) / "logs",
+            env={"OMP_NUM_THREADS": "1"},
             extra_args=("--prefix-cache-tokens", str(prefix_cache_tokens)),
-        )  # fmt: skip
+        )
         t0 = time.perf_counter()
         with reps.start(timeout_s=startup_timeout_s):
             logger.info("%d replicas healthy in %.1fs", replicas, time.perf_counter() - t0)
             order = [p for r in range(repeats) for p in (_PHASES if r % 2 == 0 else _PHASES[::-1])]
             runs = asyncio.run(
                 _run_phases(
-                    reps.addresses, [proc.pid for proc in reps.procs], model_dir, workload, order,
-                    gen_tokens, concurrency, system_tokens,
+                    reps.addresses,
+                    [proc.pid for proc in reps.procs],
+                    model_dir,
+                    workload,
+                    order,
+                    gen_tokens,
+                    concurrency,
+                    system_tokens,
                 )
-            )  # fmt: skip
+            )
     phases = {routing: _summary([r for p, r in runs if p == routing]) for routing in _PHASES}
     prompts = runs[0][1]["prompt_lengths"]
     ideal = _ideal_hits(prompts, gen_tokens, system_tokens) / max(1, sum(map(sum, prompts)))
@@ -290,8 +305,13 @@ async def _run_phases(
                 cached_tokens=int(hits),
                 cpu_s=round(cpu1 - cpu0, 2) if cpu0 is not None and cpu1 is not None else None,
             )
-            logger.info("phase %s: wall %.2fs, %d/%d tokens cached", routing, result["wall_s"],
-                        hits, queries)  # fmt: skip
+            logger.info(
+                "phase %s: wall %.2fs, %d/%d tokens cached",
+                routing,
+                result["wall_s"],
+                hits,
+                queries,
+            )
             results.append((routing, result))
     return results
 

@@ -78,16 +78,26 @@ def _turns(tok: Any, n: int, turns: int, tokens: int) -> list[TurnEvent]:
             role = "assistant" if j % 2 == 0 or final else "tool"
             out.append(
                 TurnEvent(
-                    trajectory_id=f"{uid}/0", uid=uid, sample_index=0, attempt_id="a", turn_index=j,
-                    role=role, token_ids=ids, logprobs=[-0.5] * tokens if role == "assistant" else None,
-                    min_global_steps=1, max_global_steps=1, final=final,
+                    trajectory_id=f"{uid}/0",
+                    uid=uid,
+                    sample_index=0,
+                    attempt_id="a",
+                    turn_index=j,
+                    role=role,
+                    token_ids=ids,
+                    logprobs=[-0.5] * tokens if role == "assistant" else None,
+                    min_global_steps=1,
+                    max_global_steps=1,
+                    final=final,
                     prompt_ids=ids[:64] if j == 0 else None,
                     data_source="openai/gsm8k" if j == 0 else None,
                     reward_model=RewardModelSpec(ground_truth=str(i)) if j == 0 else None,
                     num_turns=turns + 1 if final else None,
-                    extra_fields=ExtraFields(min_global_steps=1, max_global_steps=1) if final else None,
+                    extra_fields=(
+                        ExtraFields(min_global_steps=1, max_global_steps=1) if final else None
+                    ),
                 )
-            )  # fmt: skip
+            )
     return out
 
 
@@ -162,9 +172,12 @@ async def _copy_aiokafka(
     from workers.kafka.aio import make_aio_producer
 
     consumer = AIOKafkaConsumer(
-        src, **kafka.aiokafka_kwargs(), group_id=None, auto_offset_reset="earliest",
+        src,
+        **kafka.aiokafka_kwargs(),
+        group_id=None,
+        auto_offset_reset="earliest",
         max_partition_fetch_bytes=kafka.max_request_size,
-    )  # fmt: skip
+    )
     producer = make_aio_producer(kafka, client_id=f"{kafka.client_id}-bench-copy")
     await consumer.start()
     await producer.start()
@@ -215,17 +228,24 @@ def _run_stage(
     config = {
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "topics": {"prefix": topics.prefix},
-        "reward": {"group_id": f"{topics.prefix}reward", "tokenizer": tok_dir,
-                   "data_sources": {"openai/gsm8k": "gsm8k"}, "session_timeout_s": 10,
-                   "stats_path": str(tmp / "stats.json"), "batch_size": batch_size},
-    }  # fmt: skip
+        "reward": {
+            "group_id": f"{topics.prefix}reward",
+            "tokenizer": tok_dir,
+            "data_sources": {"openai/gsm8k": "gsm8k"},
+            "session_timeout_s": 10,
+            "stats_path": str(tmp / "stats.json"),
+            "batch_size": batch_size,
+        },
+    }
     path = tmp / "reward.yaml"
     path.write_text(json.dumps(config))
     with open(tmp / "worker.log", "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "--config", str(path), "worker", "reward"],
-            cwd=_REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=_REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _await_count(kafka, topics.name("scored"), n, timeout)
     finally:

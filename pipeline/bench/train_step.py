@@ -35,14 +35,22 @@ def _batch(groups: int, n: int, response_tokens: int, seed: int) -> Any:
         prompt = [rng.randrange(10, 1000) for _ in range(28 + g % 5)]
         for i in range(n):
             length = rng.randint(response_tokens // 2, response_tokens)
-            samples.append(ScoredTrajectory(
-                uid=f"u{g}", trajectory_id=f"u{g}/{i}", sample_index=i, attempt_id="a",
-                data_source="bench", prompt_ids=prompt,
-                response_ids=[rng.randrange(10, 1000) for _ in range(length)],
-                response_mask=[1] * length, response_logprobs=[-2.0] * length, num_turns=2,
-                reward_score=float(rng.random() < 0.5),
-                extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
-            ))  # fmt: skip
+            samples.append(
+                ScoredTrajectory(
+                    uid=f"u{g}",
+                    trajectory_id=f"u{g}/{i}",
+                    sample_index=i,
+                    attempt_id="a",
+                    data_source="bench",
+                    prompt_ids=prompt,
+                    response_ids=[rng.randrange(10, 1000) for _ in range(length)],
+                    response_mask=[1] * length,
+                    response_logprobs=[-2.0] * length,
+                    num_turns=2,
+                    reward_score=float(rng.random() < 0.5),
+                    extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
+                )
+            )
     adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
     return collate(samples, adv)
 
@@ -68,9 +76,10 @@ def run(
     batch = _batch(groups, n, response_tokens, seed=0)
     sides = {
         "one_update": TrainerConfig(micro_batch_size=groups * n, lr=1e-4),
-        "mini_batches": TrainerConfig(micro_batch_size=groups * n, lr=1e-4,
-                                      ppo_mini_batches=mini_batches, ppo_epochs=epochs),
-    }  # fmt: skip
+        "mini_batches": TrainerConfig(
+            micro_batch_size=groups * n, lr=1e-4, ppo_mini_batches=mini_batches, ppo_epochs=epochs
+        ),
+    }
     times: dict[str, list[float]] = {name: [] for name in sides}
     updates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rollout-bench-step-") as tmp:

@@ -95,8 +95,14 @@ async def _multi_turn(base: str, conversations: int, turns: int, max_tokens: int
         async def conversation(c: int) -> None:
             history = [*_SYSTEM, *_prompt(c, 48)]
             for t in range(turns):
-                body = {"prompt": history, "max_tokens": max_tokens, "temperature": 1.0,
-                        "seed": c, "ignore_eos": True, "request_id": f"conv-{c}-{t}"}  # fmt: skip
+                body = {
+                    "prompt": history,
+                    "max_tokens": max_tokens,
+                    "temperature": 1.0,
+                    "seed": c,
+                    "ignore_eos": True,
+                    "request_id": f"conv-{c}-{t}",
+                }
                 choice = (await _post(session, base + "/v1/completions", body))["choices"][0]
                 history = [*history, *choice["token_ids"], *_prompt(1000 + 10 * c + t, 24)]
 
@@ -131,9 +137,23 @@ class _Replica:
         self.port, self.internal = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.direct = f"http://127.0.0.1:{self.internal}"
-        cmd = [sys.executable, "-m", "workers.llm.replicas.vllm", "--model", model,
-               "--port", str(self.port), "--internal-port", str(self.internal),
-               "--dtype", "float32", "--max-model-len", "2048", "--replica-id", "bench"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "workers.llm.replicas.vllm",
+            "--model",
+            model,
+            "--port",
+            str(self.port),
+            "--internal-port",
+            str(self.internal),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--replica-id",
+            "bench",
+        ]
         if vllm_python:
             cmd += ["--vllm-python", vllm_python]
         # One OpenMP thread for vLLM's forward passes (unless the environment says otherwise):
@@ -141,13 +161,19 @@ class _Replica:
         # the other cores, as on a GPU node, where the GPU generates and the CPUs run the rest.
         # With every core, vLLM's spinning OpenMP threads and the pipeline slowed each other
         # down by a factor that measured the machine, not the pipeline.
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": "1"} | os.environ  # fmt: skip
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
+        } | os.environ
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*cmd, "--", "--enforce-eager", "-O0"], env=env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [*cmd, "--", "--enforce-eager", "-O0"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.log = log
 
     def wait_healthy(self, timeout_s: float = 900.0) -> None:
@@ -198,17 +224,30 @@ def run(
         try:
             replica.wait_healthy()
             prompts = [_prompt(i) for i in range(requests)]
-            asks = [CompletionRequest(prompt=p, max_tokens=max_tokens, temperature=1.0, seed=i,
-                                      ignore_eos=True, logprobs=0) for i, p in enumerate(prompts)]  # fmt: skip
+            asks = [
+                CompletionRequest(
+                    prompt=p,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                    seed=i,
+                    ignore_eos=True,
+                    logprobs=0,
+                )
+                for i, p in enumerate(prompts)
+            ]
             name = Path(model).name
-            direct = [to_vllm_completion(a, model=name, upstream_id=f"d{i}")
-                      for i, a in enumerate(asks)]  # fmt: skip
+            direct = [
+                to_vllm_completion(a, model=name, upstream_id=f"d{i}") for i, a in enumerate(asks)
+            ]
             adapter = [a.model_dump(exclude_none=True) for a in asks]
             tokenizer = AutoTokenizer.from_pretrained(model)
             cfg = AgentLoopWorkerConfig(
-                model=model, n=1, replicas=[replica.url], max_samples_in_flight=concurrency,
+                model=model,
+                n=1,
+                replicas=[replica.url],
+                max_samples_in_flight=concurrency,
                 sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True),
-            )  # fmt: skip
+            )
             tokens = requests * max_tokens
             outs: list[Any] = []
 

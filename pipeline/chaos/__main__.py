@@ -20,11 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=4, help="Samples per prompt.")
     parser.add_argument("--workers", type=int, default=2, help="Agent-loop worker processes.")
     parser.add_argument("--replicas", type=int, default=2, help="hf replicas.")
-    parser.add_argument("--fault", action="append", dest="faults", metavar="FAULT",
-                        help=f"kill:|term:|stop:<process> or broker (repeat); default: {' '.join(DEFAULT_FAULTS)}")  # fmt: skip
+    parser.add_argument(
+        "--fault",
+        action="append",
+        dest="faults",
+        metavar="FAULT",
+        help=f"kill:|term:|stop:<process> or broker (repeat); default: {' '.join(DEFAULT_FAULTS)}",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Picks the faults' order and moments.")
-    parser.add_argument("--max-stale-share", type=float, default=0.05,
-                        help="Fail when more of the samples than this are dropped as stale.")  # fmt: skip
+    parser.add_argument(
+        "--max-stale-share",
+        type=float,
+        default=0.05,
+        help="Fail when more of the samples than this are dropped as stale.",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="Give up after (s).")
     parser.add_argument(
         "--bootstrap-existing", dest="existing", help="Use this broker (no broker fault)."
@@ -80,10 +89,17 @@ def main_with(args: argparse.Namespace) -> int:
     if args.existing:
         _reachable(args.existing)
     opts = ChaosOptions(
-        samples=args.samples, n=args.n, agent_loop_workers=args.workers, replicas=args.replicas,
-        faults=faults, seed=args.seed, max_stale_share=args.max_stale_share,
-        timeout_s=args.timeout, bootstrap=args.existing, run_dir=args.run_dir,
-    )  # fmt: skip
+        samples=args.samples,
+        n=args.n,
+        agent_loop_workers=args.workers,
+        replicas=args.replicas,
+        faults=faults,
+        seed=args.seed,
+        max_stale_share=args.max_stale_share,
+        timeout_s=args.timeout,
+        bootstrap=args.existing,
+        run_dir=args.run_dir,
+    )
     report = run_chaos(opts)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "table"}))

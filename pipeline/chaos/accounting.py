@@ -70,12 +70,17 @@ class Accounting:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "expected": self.expected, "trained": self.trained, "stale": self.stale,
-            "dead_letter": self.dead_letter, "lost": self.lost, "duplicated": self.duplicated,
+            "expected": self.expected,
+            "trained": self.trained,
+            "stale": self.stale,
+            "dead_letter": self.dead_letter,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
             "trained_twice": sorted(self.trained_twice)[:50],
             "stale_and_trained": sorted(self.stale_and_trained)[:50],
-            "lost_ids": sorted(self.lost_ids)[:50], "unexpected": sorted(self.unexpected)[:50],
-        }  # fmt: skip
+            "lost_ids": sorted(self.lost_ids)[:50],
+            "unexpected": sorted(self.unexpected)[:50],
+        }
 
 
 def account(

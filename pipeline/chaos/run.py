@@ -83,16 +83,28 @@ def chaos_config(
 ) -> RunConfig:
     # One group a step, so the last groups never wait for a batch to fill.
     return local_run_config(
-        KafkaConfig(bootstrap_servers=bootstrap), prefix, model, run, n=opts.n,
-        train_batch_size=1, max_tokens=opts.max_tokens, max_staleness=opts.max_staleness,
+        KafkaConfig(bootstrap_servers=bootstrap),
+        prefix,
+        model,
+        run,
+        n=opts.n,
+        train_batch_size=1,
+        max_tokens=opts.max_tokens,
+        max_staleness=opts.max_staleness,
         in_flight=32,
         overrides=merge(
-            {"reward": {"session_timeout_s": 10}, "trainer": {"lr": 1e-4, "keep_checkpoints": 2},
-             "agent_loop": {"admission": {
-                 "max_staleness": max(0, opts.max_staleness - opts.admission_margin)}}},
+            {
+                "reward": {"session_timeout_s": 10},
+                "trainer": {"lr": 1e-4, "keep_checkpoints": 2},
+                "agent_loop": {
+                    "admission": {
+                        "max_staleness": max(0, opts.max_staleness - opts.admission_margin)
+                    }
+                },
+            },
             opts.extra,
         ),
-    )  # fmt: skip
+    )
 
 
 def _read_topic(kafka: KafkaConfig, topic: str) -> list[Any]:
@@ -286,8 +298,13 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         log.info("chaos: %d samples, faults %s", len(expected), [(f.name, f.trigger) for f in plan])
         fired: list[dict[str, Any]] = []
         timeline: list[tuple[float, int, int]] = []
-        pipe = LocalPipeline(cfg, run / "run", model_dir=str(model), replicas=opts.replicas,
-                             agent_loop_workers=opts.agent_loop_workers)  # fmt: skip
+        pipe = LocalPipeline(
+            cfg,
+            run / "run",
+            model_dir=str(model),
+            replicas=opts.replicas,
+            agent_loop_workers=opts.agent_loop_workers,
+        )
         with (
             pipe,
             closing(_Produced(cfg.kafka, cfg.topics.name("scored"))) as produced,
@@ -314,9 +331,11 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                         (round(time.monotonic() - started, 1), scored, result.accounted)
                     )
                     if opts.progress:
-                        print(f"  {timeline[-1][0]:7.1f}s scored {scored} trained/accounted "
-                              f"{result.accounted}/{result.expected} restarts {sup.restarts}",
-                              flush=True)  # fmt: skip
+                        print(
+                            f"  {timeline[-1][0]:7.1f}s scored {scored} trained/accounted "
+                            f"{result.accounted}/{result.expected} restarts {sup.restarts}",
+                            flush=True,
+                        )
                 # Faults fire on the share scored: it moves smoothly, training comes in steps.
                 share = max(scored, result.accounted) / max(1, result.expected)
                 scored_share = share
@@ -327,9 +346,12 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 recovered = steps > steps_at_fault or share >= 1.0
                 if plan and opts.trigger == "scored" and scored_share >= opts.last_fault_share:
                     # Too late for the faults left: fail now, not after a drain.
-                    log.error("chaos: %.0f%% scored and %s not fired: the run is too short for "
-                              "its faults (raise --samples)", 100 * scored_share,
-                              [f.name for f in plan])  # fmt: skip
+                    log.error(
+                        "chaos: %.0f%% scored and %s not fired: the run is too short for "
+                        "its faults (raise --samples)",
+                        100 * scored_share,
+                        [f.name for f in plan],
+                    )
                     break
                 if plan and share >= plan[0].trigger and recovered:
                     fault = plan.pop(0)
@@ -343,8 +365,9 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                     break
                 if plan and result.accounted >= result.expected:
                     # Nothing left for a fault to hit: report the faults that never fired.
-                    log.warning("chaos: every sample accounted for before %s fired",
-                                [f.name for f in plan])  # fmt: skip
+                    log.warning(
+                        "chaos: every sample accounted for before %s fired", [f.name for f in plan]
+                    )
                     break
                 time.sleep(0.05 if waiting else 0.25)
             # Let late duplicates (a resumed SIGSTOPped worker, a redelivery) surface.

@@ -21,11 +21,17 @@ def cmd_load(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.load.run import LoadOptions, run_load
 
     opts = LoadOptions(
-        minutes=args.minutes, baseline_minute=args.baseline_minute, sample_s=args.sample_s,
-        replicas=args.replicas, agent_loop_workers=args.workers, max_tokens=args.max_tokens,
-        backlog=args.backlog, memory_limit_pct=args.memory_limit, model_dir=args.model,
+        minutes=args.minutes,
+        baseline_minute=args.baseline_minute,
+        sample_s=args.sample_s,
+        replicas=args.replicas,
+        agent_loop_workers=args.workers,
+        max_tokens=args.max_tokens,
+        backlog=args.backlog,
+        memory_limit_pct=args.memory_limit,
+        model_dir=args.model,
         run_dir=args.run_dir,
-    )  # fmt: skip
+    )
     report = run_load(cfg.kafka, opts)
     text = render(report)
     Path(report["run_dir"], "report.txt").write_text(text + "\n")

@@ -139,8 +139,12 @@ def stale_share(steps: Iterable[Mapping[str, Any]], bound: int) -> dict[str, Any
             hist[int(staleness)] += int(count)
     total = sum(hist.values())
     past = sum(c for s, c in hist.items() if s > bound)
-    return {"groups_trained": total, "stale_share": round(past / total, 4) if total else 0.0,
-            "staleness_max": max(hist, default=0), "max_staleness": bound}  # fmt: skip
+    return {
+        "groups_trained": total,
+        "stale_share": round(past / total, 4) if total else 0.0,
+        "staleness_max": max(hist, default=0),
+        "max_staleness": bound,
+    }
 
 
 def render(report: Mapping[str, Any]) -> str:
@@ -173,10 +177,17 @@ def render(report: Mapping[str, Any]) -> str:
     limit = report["memory_limit_pct"]
     headers = ["process", "start", f"minute {base}", "end", "peak", "growth %", "check"]
     mem_rows = [
-        [r["process"], r["start_mb"], r["baseline_mb"], r["end_mb"], r["peak_mb"],
-         f"{r['growth_pct']:+.1f}", ("ok" if r["ok"] else "FAIL") if r["checked"] else "-"]
+        [
+            r["process"],
+            r["start_mb"],
+            r["baseline_mb"],
+            r["end_mb"],
+            r["peak_mb"],
+            f"{r['growth_pct']:+.1f}",
+            ("ok" if r["ok"] else "FAIL") if r["checked"] else "-",
+        ]
         for r in report["memory"]
-    ]  # fmt: skip
+    ]
     out += [
         f"memory (RSS with children, MiB); growth from minute {base} to the end must stay "
         f"under {limit}%",

@@ -47,17 +47,25 @@ class LoadOptions:
         return self.baseline_minute if self.baseline_minute < self.minutes else self.minutes / 2
 
 
-def load_run_config(opts: LoadOptions, kafka: KafkaConfig, prefix: str, model: str,
-                    run: Path) -> RunConfig:  # fmt: skip
+def load_run_config(
+    opts: LoadOptions, kafka: KafkaConfig, prefix: str, model: str, run: Path
+) -> RunConfig:
     # Admission bounds staleness at the source; replay and trainer keep every group, so a
     # slow trainer never turns the soak's samples into drops.
     return local_run_config(
-        kafka, prefix, model, run, n=opts.n, train_batch_size=opts.train_batch_size,
-        max_tokens=opts.max_tokens, max_staleness=opts.max_staleness, in_flight=opts.in_flight,
+        kafka,
+        prefix,
+        model,
+        run,
+        n=opts.n,
+        train_batch_size=opts.train_batch_size,
+        max_tokens=opts.max_tokens,
+        max_staleness=opts.max_staleness,
+        in_flight=opts.in_flight,
         sync_every=opts.sync_every,
         overrides={
             "agent_loop": {"sampling": {"ignore_eos": True}},
             "replay": {"max_staleness": None},
             "trainer": {"max_staleness": None, "keep_checkpoints": 2},
         },
-    )  # fmt: skip
+    )

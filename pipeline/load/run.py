@@ -81,8 +81,9 @@ def _broker_pid(kafka: KafkaConfig) -> int | None:
 
 
 class _Soak:
-    def __init__(self, cfg: RunConfig, opts: LoadOptions, run: Path, model: str,
-                 broker_pid: int | None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: RunConfig, opts: LoadOptions, run: Path, model: str, broker_pid: int | None
+    ) -> None:
         self.cfg, self.opts, self.run_dir, self.model = cfg, opts, run, model
         self.broker_pid = broker_pid
         held = opts.agent_loop_workers * opts.in_flight // opts.n
@@ -100,14 +101,22 @@ class _Soak:
 
         opts, topics = self.opts, self.cfg.topics
         with (
-            LocalPipeline(self.cfg, self.run_dir, model_dir=self.model, replicas=opts.replicas,
-                          agent_loop_workers=opts.agent_loop_workers, metrics=True) as pipe,
+            LocalPipeline(
+                self.cfg,
+                self.run_dir,
+                model_dir=self.model,
+                replicas=opts.replicas,
+                agent_loop_workers=opts.agent_loop_workers,
+                metrics=True,
+            ) as pipe,
             PromptProducer(self.cfg.kafka, topics) as producer,
             (self.run_dir / "timeline.jsonl").open("w") as timeline,
-        ):  # fmt: skip
+        ):
             self.pipe, self.producer, self.timeline = pipe, producer, timeline
-            self.urls = {name: f"http://127.0.0.1:{port}/metrics"
-                         for name, port in pipe.metrics_ports.items()}  # fmt: skip
+            self.urls = {
+                name: f"http://127.0.0.1:{port}/metrics"
+                for name, port in pipe.metrics_ports.items()
+            }
             launched = time.monotonic()
             window: dict[str, Any] | None = None
             ready = self._until_ready(launched)
@@ -216,8 +225,14 @@ class _Soak:
             (s, t.removeprefix(prefix), d): v
             for (s, t, d), v in counters(self.urls.values()).items()
         }
-        sample = {"t_s": round(now - ready, 1), "wall": time.time(), "groups": lag, "rss": rss,
-                  "counters": by_role, "produced": self.produced}  # fmt: skip
+        sample = {
+            "t_s": round(now - ready, 1),
+            "wall": time.time(),
+            "groups": lag,
+            "rss": rss,
+            "counters": by_role,
+            "produced": self.produced,
+        }
         self.lag.append({"t_s": sample["t_s"], "groups": lag})
         self.timeline.write(json.dumps(sample | {"counters": _flat(sample["counters"])}) + "\n")
         self.timeline.flush()
@@ -233,24 +248,33 @@ class _Soak:
             with proc.log_path.open("rb") as fh:
                 fh.seek(self.log_offsets[proc.name])
                 text = fh.read().decode(errors="replace")
-            counts[proc.name] = sum(1 for line in text.splitlines()
-                                    if " ERROR " in line or line.startswith("Traceback"))  # fmt: skip
+            counts[proc.name] = sum(
+                1 for line in text.splitlines() if " ERROR " in line or line.startswith("Traceback")
+            )
         self.log_errors = {k: v for k, v in counts.items() if v}
 
     # --- report -----------------------------------------------------------------------
 
-    def _report(self, window: dict[str, Any] | None, ready: float | None,
-                launched: float) -> dict[str, Any]:  # fmt: skip
+    def _report(
+        self, window: dict[str, Any] | None, ready: float | None, launched: float
+    ) -> dict[str, Any]:
         opts = self.opts
         report: dict[str, Any] = {
-            "minutes": opts.minutes, "baseline_minute": opts.baseline,
+            "minutes": opts.minutes,
+            "baseline_minute": opts.baseline,
             "ready_s": round(ready - launched, 1) if ready else None,
-            "backlog_target": self.controller.target, "prompts_produced": self.produced,
-            "settings": asdict(opts), "run_dir": str(self.run_dir), "lag": self.lag,
-            "memory_limit_pct": opts.memory_limit_pct, "throughput": {}, "prompts_per_s": 0.0,
-            "trajectories_per_s": 0.0, "log_errors": self.log_errors,
+            "backlog_target": self.controller.target,
+            "prompts_produced": self.produced,
+            "settings": asdict(opts),
+            "run_dir": str(self.run_dir),
+            "lag": self.lag,
+            "memory_limit_pct": opts.memory_limit_pct,
+            "throughput": {},
+            "prompts_per_s": 0.0,
+            "trajectories_per_s": 0.0,
+            "log_errors": self.log_errors,
             "latency": latency_summary([]) | {"unscored": 0},
-        }  # fmt: skip
+        }
         if window is not None:
             first, last = window["baseline"], window["end"]
             seconds = last["wall"] - first["wall"]
@@ -265,21 +289,30 @@ class _Soak:
             if dead:
                 self.problems.append(f"{dead:.0f} records were dead-lettered")
             if report["latency"]["unscored"]:
-                self.problems.append(f"{report['latency']['unscored']} trajectories of prompts "
-                                     "produced under load were never scored")  # fmt: skip
+                self.problems.append(
+                    f"{report['latency']['unscored']} trajectories of prompts "
+                    "produced under load were never scored"
+                )
         report |= self._staleness()
         if report["stale_share"]:
-            self.problems.append(f"{100 * report['stale_share']:.1f}% of the trained groups were "
-                                 f"past max_staleness {opts.max_staleness}")  # fmt: skip
+            self.problems.append(
+                f"{100 * report['stale_share']:.1f}% of the trained groups were "
+                f"past max_staleness {opts.max_staleness}"
+            )
         rows = memory_rows(self.memory, [p.name for p in self.pipe.processes]) if ready else []
-        report["memory"] = [asdict(r) | {"growth_pct": round(r.growth_pct, 1),
-                                         "ok": r.ok(opts.memory_limit_pct)} for r in rows]  # fmt: skip
+        report["memory"] = [
+            asdict(r) | {"growth_pct": round(r.growth_pct, 1), "ok": r.ok(opts.memory_limit_pct)}
+            for r in rows
+        ]
         self.problems.extend(
             f"{r.process} grew {r.growth_pct:.1f}% (limit {opts.memory_limit_pct}%)"
-            for r in rows if not r.ok(opts.memory_limit_pct)
-        )  # fmt: skip
-        self.problems.extend(f"{name}: {count} error lines in its log under load"
-                             for name, count in report["log_errors"].items())  # fmt: skip
+            for r in rows
+            if not r.ok(opts.memory_limit_pct)
+        )
+        self.problems.extend(
+            f"{name}: {count} error lines in its log under load"
+            for name, count in report["log_errors"].items()
+        )
         report["problems"] = self.problems
         report["ok"] = not self.problems
         return report
@@ -297,8 +330,11 @@ class _Soak:
         prompts = read_timestamps(self.cfg.kafka, topics.name("prompts"))
         scored = read_timestamps(self.cfg.kafka, topics.name("scored"), by_header=True)
         window = {uid for uid, t in prompts.items() if start_wall <= t <= end_wall}
-        latencies = [t - prompts[tid.rsplit("/", 1)[0]] for tid, t in scored.items()
-                     if tid.rsplit("/", 1)[0] in window]  # fmt: skip
+        latencies = [
+            t - prompts[tid.rsplit("/", 1)[0]]
+            for tid, t in scored.items()
+            if tid.rsplit("/", 1)[0] in window
+        ]
         return latency_summary(latencies) | {"unscored": len(window) * self.opts.n - len(latencies)}
 
 

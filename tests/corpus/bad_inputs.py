@@ -131,47 +131,84 @@ def _drop(*names: str) -> Callable[[dict[str, Any]], None]:
 
 def prompt(uid: str, text: str = "What is 2 + 3?", **kw: Any) -> PromptEvent:
     return PromptEvent(
-        uid=uid, prompt=[{"role": "user", "content": text}], data_source="openai/gsm8k",
-        reward_model={"ground_truth": "5"}, **kw,
-    )  # fmt: skip
+        uid=uid,
+        prompt=[{"role": "user", "content": text}],
+        data_source="openai/gsm8k",
+        reward_model={"ground_truth": "5"},
+        **kw,
+    )
 
 
 def tool_prompt(uid: str, tools: list[str]) -> PromptEvent:
     """A tool-agent prompt whose marker tells the scripted replica which call to make."""
     return prompt(
-        uid, f"[corpus:{uid}] Use a tool.", agent_name="tool_agent",
+        uid,
+        f"[corpus:{uid}] Use a tool.",
+        agent_name="tool_agent",
         extra_info={"tool_selection": tools},
-    )  # fmt: skip
+    )
 
 
-def turn(tok: Any, uid: str, *, truth: str | None = "5", data_source: str = "openai/gsm8k",
-         text: str = "so #### 5") -> TurnEvent:  # fmt: skip
+def turn(
+    tok: Any,
+    uid: str,
+    *,
+    truth: str | None = "5",
+    data_source: str = "openai/gsm8k",
+    text: str = "so #### 5",
+) -> TurnEvent:
     """A one-turn trajectory (turn 0 is final), as the agent-loop worker writes it."""
     ids = tok.encode(text)
     return TurnEvent(
-        trajectory_id=f"{uid}/0", uid=uid, sample_index=0, attempt_id="a", turn_index=0,
-        role="assistant", token_ids=ids, logprobs=[-0.5] * len(ids), min_global_steps=0,
-        max_global_steps=0, stop_reason="stop", final=True, prompt_ids=tok.encode("What is 2 + 3?"),
-        data_source=data_source, reward_model=RewardModelSpec(ground_truth=truth), group_size=1,
-        num_turns=2, response_length=len(ids),
+        trajectory_id=f"{uid}/0",
+        uid=uid,
+        sample_index=0,
+        attempt_id="a",
+        turn_index=0,
+        role="assistant",
+        token_ids=ids,
+        logprobs=[-0.5] * len(ids),
+        min_global_steps=0,
+        max_global_steps=0,
+        stop_reason="stop",
+        final=True,
+        prompt_ids=tok.encode("What is 2 + 3?"),
+        data_source=data_source,
+        reward_model=RewardModelSpec(ground_truth=truth),
+        group_size=1,
+        num_turns=2,
+        response_length=len(ids),
         extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
-    )  # fmt: skip
+    )
 
 
 def scored(uid: str, index: int, reward: float) -> ScoredTrajectory:
     return ScoredTrajectory(
-        uid=uid, trajectory_id=f"{uid}/{index}", sample_index=index, attempt_id="a",
-        data_source="openai/gsm8k", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1],
-        response_logprobs=[-0.1, -0.2], num_turns=2, reward_score=reward, group_size=2,
+        uid=uid,
+        trajectory_id=f"{uid}/{index}",
+        sample_index=index,
+        attempt_id="a",
+        data_source="openai/gsm8k",
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 1],
+        response_logprobs=[-0.1, -0.2],
+        num_turns=2,
+        reward_score=reward,
+        group_size=2,
         extra_fields={"min_global_steps": 0, "max_global_steps": 0},
-    )  # fmt: skip
+    )
 
 
 def group(uid: str) -> TrainingGroup:
     return TrainingGroup(
-        uid=uid, samples=[scored(uid, 0, 1.0), scored(uid, 1, 0.0)], advantages=[1.0, -1.0],
-        min_global_steps=0, max_global_steps=0, emitted_at_version=0,
-    )  # fmt: skip
+        uid=uid,
+        samples=[scored(uid, 0, 1.0), scored(uid, 1, 0.0)],
+        advantages=[1.0, -1.0],
+        min_global_steps=0,
+        max_global_steps=0,
+        emitted_at_version=0,
+    )
 
 
 def valid_messages(stage: Stage, run: str, tok: Any) -> dict[str, list[Message]]:
@@ -180,8 +217,10 @@ def valid_messages(stage: Stage, run: str, tok: Any) -> dict[str, list[Message]]
     The id is the uid of the prompt / trajectory / group that must come out the other end.
     """
     if stage == "agent-loop":
-        out = {f"valid-al-{i}": [_event(prompt(f"valid-al-{i}", f"What is {i} + 5?"))]
-               for i in range(3)}  # fmt: skip
+        out = {
+            f"valid-al-{i}": [_event(prompt(f"valid-al-{i}", f"What is {i} + 5?"))]
+            for i in range(3)
+        }
         out["valid-al-tool"] = [_event(tool_prompt("valid-al-tool", ["calculator"]))]
         return out
     if stage == "reward":
@@ -355,8 +394,15 @@ def _agent_loop_cases() -> list[Case]:
     ]  # fmt: skip
     bugs: dict[str, str] = {}
     for id, what, tools, expect in tool:
-        cases.append(_al(id, what, lambda t, i=id, s=tools: _event(tool_prompt(i, s)), expect,
-                         bug=bugs.get(id)))  # fmt: skip
+        cases.append(
+            _al(
+                id,
+                what,
+                lambda t, i=id, s=tools: _event(tool_prompt(i, s)),
+                expect,
+                bug=bugs.get(id),
+            )
+        )
     return cases
 
 

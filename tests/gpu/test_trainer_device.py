@@ -48,21 +48,30 @@ def groups(vocab: int, seed: int = 0) -> list[TrainingGroup]:
             n = rng.randint(4, 20)
             samples.append(
                 ScoredTrajectory(
-                    uid=f"g{g}", trajectory_id=f"g{g}/{i}", sample_index=i, attempt_id="a",
-                    data_source="test", prompt_ids=prompt,
+                    uid=f"g{g}",
+                    trajectory_id=f"g{g}/{i}",
+                    sample_index=i,
+                    attempt_id="a",
+                    data_source="test",
+                    prompt_ids=prompt,
                     response_ids=[rng.randrange(10, vocab) for _ in range(n)],
                     response_mask=[0 if 3 <= j < 5 else 1 for j in range(n)],
                     response_logprobs=[-rng.uniform(0.5, 6.0) for _ in range(n)],
-                    num_turns=2, reward_score=float(i == g),
+                    num_turns=2,
+                    reward_score=float(i == g),
                     extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
                 )
-            )  # fmt: skip
+            )
         out.append(
             TrainingGroup(
-                uid=f"g{g}", samples=samples, advantages=[1.0, -0.5, -0.5],
-                min_global_steps=0, max_global_steps=0, emitted_at_version=0,
+                uid=f"g{g}",
+                samples=samples,
+                advantages=[1.0, -0.5, -0.5],
+                min_global_steps=0,
+                max_global_steps=0,
+                emitted_at_version=0,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -120,8 +129,13 @@ def test_the_trainer_loads_on_the_gpu_and_its_checkpoint_resumes_on_the_cpu(
     train_step(trainer.model, trainer.optimizer, batch, config)
     states = [s for s in trainer.optimizer.state.values() if s]
     assert states and all(t.device.type == "cuda" for s in states for t in s.values() if t.dim())
-    save_checkpoint(root, TrainerState(version=1), trainer.model,
-                    tokenizer_from=model_dir, optimizer=trainer.optimizer)  # fmt: skip
+    save_checkpoint(
+        root,
+        TrainerState(version=1),
+        trainer.model,
+        tokenizer_from=model_dir,
+        optimizer=trainer.optimizer,
+    )
 
     resumed = Trainer(KafkaConfig(), TopicsConfig(), config.model_copy(update={"device": "cpu"}))
     resumed._load()

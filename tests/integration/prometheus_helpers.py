@@ -72,11 +72,16 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work_dir / "prometheus.log"
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config_path}",
-             f"--storage.tsdb.path={work_dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={work_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         alive = lambda: self.proc.poll() is None  # noqa: E731

@@ -63,8 +63,10 @@ def test_kill_9_mid_run_loses_nothing(
             first = start_worker(
                 kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log
             )
-            reader.read(until=lambda ts: bool(finals_by_sample(ts)) or first.poll() is not None,
-                        timeout_s=180)  # fmt: skip
+            reader.read(
+                until=lambda ts: bool(finals_by_sample(ts)) or first.poll() is not None,
+                timeout_s=180,
+            )
             assert finals_by_sample(reader.turns), log.read_text()[-3000:]
     finally:
         if first is not None:
@@ -80,8 +82,12 @@ def test_kill_9_mid_run_loses_nothing(
     started_at = log.stat().st_size
     second = start_worker(kafka_bootstrap, topics_config, tiny_model, hf_replicas, group, log)
     try:
-        turns = read_turns(kafka_config, topics_config.name("turns"),
-                           until=lambda ts: set(finals_by_sample(ts)) >= expected, timeout_s=240)  # fmt: skip
+        turns = read_turns(
+            kafka_config,
+            topics_config.name("turns"),
+            until=lambda ts: set(finals_by_sample(ts)) >= expected,
+            timeout_s=240,
+        )
         # The first worker may have finished more than the reader had seen when it was
         # killed: let the second one get through its start (a SIGTERM while Python is still
         # importing is a plain kill), so what is checked below is its graceful stop.

@@ -24,8 +24,13 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def prompt(uid: str, text: str, **kw) -> PromptEvent:
-    return PromptEvent(uid=uid, prompt=[{"role": "user", "content": text}], data_source="openai/gsm8k",
-                       reward_model={"ground_truth": "5"}, **kw)  # fmt: skip
+    return PromptEvent(
+        uid=uid,
+        prompt=[{"role": "user", "content": text}],
+        data_source="openai/gsm8k",
+        reward_model={"ground_truth": "5"},
+        **kw,
+    )
 
 
 def worker_config(model, replicas, **kw) -> AgentLoopWorkerConfig:
@@ -56,8 +61,11 @@ async def test_every_sample_yields_one_complete_trajectory(
     worker = AgentLoopWorker(kafka_config, topics_config, cfg)
     await run_worker_until(worker, lambda: worker.counters["trajectories"] >= len(expected))
 
-    turns = read_turns(kafka_config, topics_config.name("turns"),
-                       until=lambda ts: len(finals_by_sample(ts)) >= len(expected))  # fmt: skip
+    turns = read_turns(
+        kafka_config,
+        topics_config.name("turns"),
+        until=lambda ts: len(finals_by_sample(ts)) >= len(expected),
+    )
     finals = finals_by_sample(turns)
     assert set(finals) == expected
     assert all(len(attempts) == 1 for attempts in finals.values())
@@ -90,8 +98,9 @@ async def test_sample_slots_count_each_prompts_own_n(
     """Configured n = 1, prompts of n = 3, 4 slots: never more than 4 samples at once."""
     prompts = [prompt(f"n3-{i}", f"What is {i} + 1?", n=3) for i in range(4)]
     produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
-    cfg = worker_config(tiny_model, hf_replicas, group_id=unique("al"), n=1,
-                        max_samples_in_flight=4)  # fmt: skip
+    cfg = worker_config(
+        tiny_model, hf_replicas, group_id=unique("al"), n=1, max_samples_in_flight=4
+    )
     worker = AgentLoopWorker(kafka_config, topics_config, cfg)
     await run_worker_until(worker, lambda: worker.counters["trajectories"] >= 12)
     assert worker.counters["trajectories"] == 12
@@ -177,9 +186,12 @@ async def test_admission_gate_waits_for_the_trainer_and_the_replicas(
     prompts = [prompt(f"gate-{i}", f"What is {i} + 2?") for i in range(6)]
     produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
     cfg = worker_config(
-        tiny_model, hf_replicas, group_id=unique("al"), n=1,
+        tiny_model,
+        hf_replicas,
+        group_id=unique("al"),
+        n=1,
         admission={"max_staleness": 0, "train_batch_size": 2},
-    )  # fmt: skip
+    )
     worker = AgentLoopWorker(kafka_config, topics_config, cfg)
     task = asyncio.create_task(worker.run())
     try:
@@ -222,12 +234,18 @@ async def test_the_gate_counts_the_whole_groups_admissions(
         await asyncio.sleep(hold_s)  # long enough for an unbounded gate to admit more
         assert worker.counters["prompts_started"] == count
 
-    produce_prompts(kafka_config, topics_config.name("prompts"),
-                    [prompt(f"group-gate-{i}", f"What is {i} + 3?") for i in range(6)])  # fmt: skip
+    produce_prompts(
+        kafka_config,
+        topics_config.name("prompts"),
+        [prompt(f"group-gate-{i}", f"What is {i} + 3?") for i in range(6)],
+    )
     cfg = worker_config(
-        tiny_model, hf_replicas, group_id=unique("al"), n=1,
+        tiny_model,
+        hf_replicas,
+        group_id=unique("al"),
+        n=1,
         admission={"max_staleness": 0, "train_batch_size": 2},
-    )  # fmt: skip
+    )
     first = AgentLoopWorker(kafka_config, topics_config, cfg)
     task = asyncio.create_task(first.run())
     try:

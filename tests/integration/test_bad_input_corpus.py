@@ -52,15 +52,17 @@ QUIET_S = 12.0  # after the inputs are consumed: this long without news ends the
 TOOLS = {
     "tools": [
         {"class_name": "workers.agent_loop.tools.calculator.CalculatorTool"},
-        {"class_name": "workers.agent_loop.tools.code_interpreter.CodeInterpreterTool",
-         "config": {"limits": {"wall_time_s": 2, "cpu_time_s": 2}}},
+        {
+            "class_name": "workers.agent_loop.tools.code_interpreter.CodeInterpreterTool",
+            "config": {"limits": {"wall_time_s": 2, "cpu_time_s": 2}},
+        },
         {"function": "tests.corpus.tools:corpus_raises"},
         {"function": "tests.corpus.tools:corpus_sleeps"},
         {"function": "tests.corpus.tools:corpus_floods"},
         {"class_name": "tests.corpus.tools.BrokenTool"},
         {"class_name": "tests.corpus.tools.InfraTool"},
     ]
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -165,8 +167,9 @@ def _produce(kafka: KafkaConfig, topic: str, messages: list[Message]) -> None:
         producer.close()
 
 
-def _read(kafka: KafkaConfig, topic: str, *, until: Callable[[list[Any]], bool],
-          timeout_s: float) -> list[Any]:  # fmt: skip
+def _read(
+    kafka: KafkaConfig, topic: str, *, until: Callable[[list[Any]], bool], timeout_s: float
+) -> list[Any]:
     consumer = make_consumer(kafka, topic, group_id=None)
     records: list[Any] = []
     deadline = time.monotonic() + timeout_s
@@ -182,18 +185,33 @@ def _read(kafka: KafkaConfig, topic: str, *, until: Callable[[list[Any]], bool],
 class StageProcess:
     """`rollout --config … worker reward|replay` with a config file of its own."""
 
-    def __init__(self, name: str, section: dict[str, Any], kafka: KafkaConfig,
-                 topics: TopicsConfig, tmp: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        section: dict[str, Any],
+        kafka: KafkaConfig,
+        topics: TopicsConfig,
+        tmp: Path,
+    ) -> None:
         config = tmp / f"{name}-{topics.prefix}json"
-        config.write_text(json.dumps({"kafka": {"bootstrap_servers": kafka.bootstrap},
-                                      "topics": {"prefix": topics.prefix}, name: section}))  # fmt: skip
+        config.write_text(
+            json.dumps(
+                {
+                    "kafka": {"bootstrap_servers": kafka.bootstrap},
+                    "topics": {"prefix": topics.prefix},
+                    name: section,
+                }
+            )
+        )
         self.log = tmp / f"{name}-{topics.prefix}log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 # niced: their start-up must not starve the in-process agent-loop worker
                 ["nice", "-n", "10", *ROLLOUT, "--config", str(config), "worker", name],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -207,8 +225,12 @@ class StageProcess:
 def _stage_section(
     stage: str, run: str, topics: TopicsConfig, tmp: Path, model: Path
 ) -> dict[str, Any]:
-    base = {"app_id": f"{topics.prefix}app",
-            "session_timeout_s": 6, "commit_interval_s": 1.0, "batch_size": 64}  # fmt: skip
+    base = {
+        "app_id": f"{topics.prefix}app",
+        "session_timeout_s": 6,
+        "commit_interval_s": 1.0,
+        "batch_size": 64,
+    }
     if stage == "replay":
         return {**base, "n": 2, "group_timeout_s": 300, "tick_interval_s": 1.0}
     base |= {"tokenizer": str(model), "pool_workers": 1, "scorer_timeout_s": 2.0}
@@ -216,13 +238,17 @@ def _stage_section(
     if run == "process":
         return {**base, "custom": {**custom, "executor": "process", "kwargs": {"hang_s": 60}}}
     if run == "thread":
-        return {**base, "on_failure": "score",
-                "custom": {**custom, "executor": "thread", "kwargs": {"hang_s": 5}}}  # fmt: skip
+        return {
+            **base,
+            "on_failure": "score",
+            "custom": {**custom, "executor": "thread", "kwargs": {"hang_s": 5}},
+        }
     return base
 
 
-async def _run_agent_loop(kafka: KafkaConfig, topics: TopicsConfig, model: Path,
-                          expected: int) -> tuple[dict[str, int], str]:  # fmt: skip
+async def _run_agent_loop(
+    kafka: KafkaConfig, topics: TopicsConfig, model: Path, expected: int
+) -> tuple[dict[str, int], str]:
     from transformers import AutoTokenizer
 
     from tests.integration.agent_helpers import ScriptedReplica
@@ -234,12 +260,19 @@ async def _run_agent_loop(kafka: KafkaConfig, topics: TopicsConfig, model: Path,
     tokenizer = AutoTokenizer.from_pretrained(model)
     replica = await ScriptedReplica(tokenizer, replica_script).start()
     cfg = AgentLoopWorkerConfig(
-        group_id=f"{topics.prefix}agent-loop", model=str(model), n=1, replicas=[replica.address],
-        sampling=SamplingParams(max_tokens=128, temperature=0.0), commit_interval_s=0.5,
+        group_id=f"{topics.prefix}agent-loop",
+        model=str(model),
+        n=1,
+        replicas=[replica.address],
+        sampling=SamplingParams(max_tokens=128, temperature=0.0),
+        commit_interval_s=0.5,
         grace_period_s=5.0,
-        loops={"max_prompt_length": 2048, "max_response_length": 2048,
-               "options": {**AgentLoopConfig().options, "tool_timeout_s": 2.5}},
-    )  # fmt: skip
+        loops={
+            "max_prompt_length": 2048,
+            "max_response_length": 2048,
+            "options": {**AgentLoopConfig().options, "tool_timeout_s": 2.5},
+        },
+    )
     worker = AgentLoopWorker(kafka, topics, cfg, tokenizer=tokenizer, tools=load_tools(TOOLS))
     task = asyncio.create_task(worker.run())
     c = worker.counters
@@ -280,8 +313,9 @@ def _letters(records: list[Any]) -> list[DeadLetter]:
     return [DeadLetter.from_message(list(r.headers or []), r.key, r.value) for r in records]
 
 
-def _attribute(owner: dict[bytes, str], seen: dict[str, Observed], records: list[Any],
-               what: str) -> None:  # fmt: skip
+def _attribute(
+    owner: dict[bytes, str], seen: dict[str, Observed], records: list[Any], what: str
+) -> None:
     """File each output record under the case/valid id its key or uid belongs to."""
     for record in records:
         try:
@@ -308,16 +342,25 @@ OUTPUTS = {
 }
 
 
-def _collect(kafka: KafkaConfig, topics: TopicsConfig, stage: str, mine: dict[str, Observed],
-             owner: dict[bytes, str], proc: StageProcess | None, deadline: float) -> bool:  # fmt: skip
+def _collect(
+    kafka: KafkaConfig,
+    topics: TopicsConfig,
+    stage: str,
+    mine: dict[str, Observed],
+    owner: dict[bytes, str],
+    proc: StageProcess | None,
+    deadline: float,
+) -> bool:
     """Read one run's outputs and dead letters back until every case and valid message is
     accounted for, the run has been quiet for QUIET_S (counted once it has answered: start-up
     can be slow), its process died, or the deadline passed. True if all are accounted for."""
     counts: dict[str, int] = {}
     quiet_until = time.monotonic() + QUIET_S
     while True:
-        records = {role: _read(kafka, topics.name(role), until=lambda r: False, timeout_s=1.0)
-                   for role in [*OUTPUTS[stage], "dlq"]}  # fmt: skip
+        records = {
+            role: _read(kafka, topics.name(role), until=lambda r: False, timeout_s=1.0)
+            for role in [*OUTPUTS[stage], "dlq"]
+        }
         now = {role: len(batch) for role, batch in records.items()}
         if not any(now.values()) or now != counts:
             counts, quiet_until = now, time.monotonic() + QUIET_S
@@ -329,8 +372,9 @@ def _collect(kafka: KafkaConfig, topics: TopicsConfig, stage: str, mine: dict[st
             mine[owner.get(letter.key or b"", f"?{letter.key!r}")].letters.append(letter)
         for role in OUTPUTS[stage]:
             _attribute(owner, mine, records[role], role)
-        done = all(o.letters or o.scored or o.completed or o.groups or o.undecodable
-                   for o in mine.values())  # fmt: skip
+        done = all(
+            o.letters or o.scored or o.completed or o.groups or o.undecodable for o in mine.values()
+        )
         stopped = proc is not None and proc.proc.poll() is not None
         if done or stopped or time.monotonic() > min(deadline, quiet_until):
             return done
@@ -345,8 +389,9 @@ def _table(verdicts: list[Verdict], valid: dict[str, tuple[str, Observed]], seco
             if c.bug is None
             else (f"XFAIL (known bug): {v.why}" if not v.ok else "XPASS: bug fixed? drop the xfail")
         )
-        rows.append((c.id, f"{c.stage}/{c.run}", c.what, c.expect.describe(),
-                     v.observed.summary(), verdict))  # fmt: skip
+        rows.append(
+            (c.id, f"{c.stage}/{c.run}", c.what, c.expect.describe(), v.observed.summary(), verdict)
+        )
     for uid, (where, seen) in sorted(valid.items()):
         rows.append((uid, where, "valid traffic", "output", seen.summary(), ""))
     ok = sum(v.ok for v in verdicts if v.case.bug is None)
@@ -360,8 +405,9 @@ def _table(verdicts: list[Verdict], valid: dict[str, tuple[str, Observed]], seco
 
 
 @pytest.fixture(scope="module")
-def corpus(kafka_bootstrap: str, tiny_model: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorpusRun]:  # fmt: skip
+def corpus(
+    kafka_bootstrap: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CorpusRun]:
     from transformers import AutoTokenizer
 
     from pipeline.topics import create_topics
@@ -397,18 +443,21 @@ def corpus(kafka_bootstrap: str, tiny_model: Path,
         )
 
     procs = {
-        (stage, run): StageProcess(stage, _stage_section(stage, run, t, tmp, tiny_model),
-                                   kafka, t, tmp)
-        for (stage, run), t in topics.items() if stage in ("reward", "replay")
-    }  # fmt: skip
+        (stage, run): StageProcess(
+            stage, _stage_section(stage, run, t, tmp, tiny_model), kafka, t, tmp
+        )
+        for (stage, run), t in topics.items()
+        if stage in ("reward", "replay")
+    }
     try:
         al = ("agent-loop", "default")
         counters, crash = asyncio.run(_run_agent_loop(kafka, topics[al], tiny_model, len(seen[al])))
         print(f"\nagent-loop counters: {counters}; crash: {crash or 'none'}")
 
         tr = ("trainer", "default")
-        with TrajectoryConsumer(kafka, topics[tr], topic="replay", group_id=None, assign=True,
-                                name="trainer") as src:  # fmt: skip
+        with TrajectoryConsumer(
+            kafka, topics[tr], topic="replay", group_id=None, assign=True, name="trainer"
+        ) as src:
             for item in iter(lambda: src.next_item(3.0), None):
                 uid = item.event.uid
                 seen[tr][
@@ -417,8 +466,15 @@ def corpus(kafka_bootstrap: str, tiny_model: Path,
 
         deadline = time.monotonic() + DEADLINE_S
         for (stage, run), t in topics.items():
-            done = _collect(kafka, t, stage, seen[stage, run], owner[stage, run],
-                            procs.get((stage, run)), deadline)  # fmt: skip
+            done = _collect(
+                kafka,
+                t,
+                stage,
+                seen[stage, run],
+                owner[stage, run],
+                procs.get((stage, run)),
+                deadline,
+            )
             if not done and (stage, run) in procs:
                 print(f"--- {stage}/{run} log tail ---\n{procs[stage, run].tail()}")
     finally:
@@ -431,10 +487,18 @@ def corpus(kafka_bootstrap: str, tiny_model: Path,
         obs.tool_text = tok.decode(tool_ids, skip_special_tokens=False) if tool_ids else ""
 
     verdicts = {c.id: judge(c, seen[c.stage, c.run][c.id]) for c in CASES}
-    valid_ids = {uid: (f"{s}/{r}", obs) for (s, r), m in seen.items() for uid, obs in m.items()
-                 if uid.startswith("valid-")}  # fmt: skip
-    strays = {f"{s}/{r}:{k}": o.summary() for (s, r), m in seen.items() for k, o in m.items()
-              if k.startswith("?")}  # fmt: skip
+    valid_ids = {
+        uid: (f"{s}/{r}", obs)
+        for (s, r), m in seen.items()
+        for uid, obs in m.items()
+        if uid.startswith("valid-")
+    }
+    strays = {
+        f"{s}/{r}:{k}": o.summary()
+        for (s, r), m in seen.items()
+        for k, o in m.items()
+        if k.startswith("?")
+    }
     seconds = time.monotonic() - started
     table = _table(list(verdicts.values()), valid_ids, seconds)
     if strays:
@@ -445,9 +509,16 @@ def corpus(kafka_bootstrap: str, tiny_model: Path,
 
 
 def test_valid_traffic_flows_on(corpus: CorpusRun) -> None:
-    missing = {uid: f"{where}: {obs.summary()}" for uid, (where, obs) in corpus.valid.items()
-               if not (obs.completed or obs.groups or any(not s.reward_extra.get("reward_failed") for s in obs.scored))
-               or obs.letters}  # fmt: skip
+    missing = {
+        uid: f"{where}: {obs.summary()}"
+        for uid, (where, obs) in corpus.valid.items()
+        if not (
+            obs.completed
+            or obs.groups
+            or any(not s.reward_extra.get("reward_failed") for s in obs.scored)
+        )
+        or obs.letters
+    }
     assert not missing, missing
     assert "unattributed outputs" not in corpus.table, corpus.table
 
@@ -460,16 +531,21 @@ def test_agent_loop_worker_survives(corpus: CorpusRun) -> None:
 
 def test_corpus_is_large_and_every_case_accounted_for(corpus: CorpusRun) -> None:
     assert len(corpus.verdicts) >= 30
-    silent = [cid for cid, v in corpus.verdicts.items()
-              if v.observed.summary().startswith("NOTHING") and v.case.bug is None]  # fmt: skip
+    silent = [
+        cid
+        for cid, v in corpus.verdicts.items()
+        if v.observed.summary().startswith("NOTHING") and v.case.bug is None
+    ]
     assert not silent, f"cases with no outcome at all: {silent}"
 
 
 @pytest.mark.parametrize(
     "case_id",
-    [pytest.param(c.id, marks=pytest.mark.xfail(strict=True, reason=c.bug)) if c.bug else c.id
-     for c in CASES],
-)  # fmt: skip
+    [
+        pytest.param(c.id, marks=pytest.mark.xfail(strict=True, reason=c.bug)) if c.bug else c.id
+        for c in CASES
+    ],
+)
 def test_case(corpus: CorpusRun, case_id: str) -> None:
     verdict = corpus.verdicts[case_id]
     assert verdict.ok, f"{case_id}: {verdict.why}; observed: {verdict.observed.summary()}"

@@ -16,13 +16,20 @@ def test_killing_a_worker_mid_stream_loses_nothing_and_trains_nothing_twice(
 ) -> None:
     report = run_chaos(
         ChaosOptions(
-            samples=64, n=4, agent_loop_workers=2, replicas=1, faults=("kill:agent-loop-0",),
-            bootstrap=kafka_bootstrap, run_dir=str(tmp_path), timeout_s=400, progress=False,
+            samples=64,
+            n=4,
+            agent_loop_workers=2,
+            replicas=1,
+            faults=("kill:agent-loop-0",),
+            bootstrap=kafka_bootstrap,
+            run_dir=str(tmp_path),
+            timeout_s=400,
+            progress=False,
             max_tokens=16,
             # Fire while the replicas are generating: the samples come out in one step.
             trigger="generating",
         )
-    )  # fmt: skip
+    )
     print(report["table"])
     assert [f["fault"] for f in report["faults_fired"]] == ["kill:agent-loop-0"]
     assert report["faults_fired"][0]["share"] < 1.0, "the kill must land while work is in flight"

@@ -49,9 +49,13 @@ def rollout(*args: str, timeout: float = 120.0, env: dict[str, str] | None = Non
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
-        env={**os.environ, **(env or {})}, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
     return Run(proc.returncode, time.monotonic() - started, proc.stdout, proc.stderr)
 
 
@@ -96,8 +100,9 @@ def test_no_broker_is_one_line_after_the_bootstrap_timeout(command, dataset) -> 
 
 def test_the_bootstrap_timeout_is_configurable() -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
-    run = rollout("--bootstrap", bootstrap, "--set", "kafka.bootstrap_timeout_ms=1000",
-                  "topics", "describe")  # fmt: skip
+    run = rollout(
+        "--bootstrap", bootstrap, "--set", "kafka.bootstrap_timeout_ms=1000", "topics", "describe"
+    )
     assert_one_line(run, 1, "no answer in 1 s", "kafka.bootstrap_timeout_ms", bound_s=10)
 
 
@@ -105,8 +110,15 @@ def test_verbose_shows_the_client_library_records() -> None:
     """The records hidden by default are there with -v: the hiding is what the tests above
     prove absent, not a broker that never logged."""
     bootstrap = f"127.0.0.1:{free_port()}"
-    run = rollout("-v", "--bootstrap", bootstrap, "--set", "kafka.bootstrap_timeout_ms=1000",
-                  "topics", "describe")  # fmt: skip
+    run = rollout(
+        "-v",
+        "--bootstrap",
+        bootstrap,
+        "--set",
+        "kafka.bootstrap_timeout_ms=1000",
+        "topics",
+        "describe",
+    )
     assert run.code == 1 and "Traceback" not in run.stderr
     assert any(" kafka." in line for line in run.lines), run.stderr[-2000:]
 
@@ -134,8 +146,9 @@ def test_produce_creates_the_runs_topics_on_a_local_broker(fresh, dataset) -> No
 
 @pytest.mark.kafka
 def test_produce_fails_at_once_when_creating_is_off(fresh, dataset) -> None:
-    run = rollout(*fresh, "--set", "topics.create_missing=never", "produce", "--dataset",
-                  str(dataset))  # fmt: skip
+    run = rollout(
+        *fresh, "--set", "topics.create_missing=never", "produce", "--dataset", str(dataset)
+    )
     assert_one_line(run, 1, "prompts not found", FIX_TOPICS)
 
 
@@ -153,14 +166,35 @@ def test_a_command_without_its_topics_names_the_fix(fresh, command) -> None:
 def test_trainer_and_agent_loop_without_topics_say_so_before_loading(
     fresh, tiny_model, tmp_path
 ) -> None:
-    train = rollout(*fresh, "--set", f"trainer.checkpoint_dir={tmp_path / 'ck'}", "train",
-                    "--model", str(tiny_model))  # fmt: skip
+    train = rollout(
+        *fresh,
+        "--set",
+        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+        "train",
+        "--model",
+        str(tiny_model),
+    )
     assert_one_line(train, 1, FIX_TOPICS)
-    agent = rollout(*fresh, "worker", "agent-loop", "--model", str(tiny_model), "--replica",
-                    f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    agent = rollout(
+        *fresh,
+        "worker",
+        "agent-loop",
+        "--model",
+        str(tiny_model),
+        "--replica",
+        f"http://127.0.0.1:{free_port()}",
+    )
     assert_one_line(agent, 1, FIX_TOPICS)
-    serve = rollout(*fresh, "replica", "serve", "--model", str(tiny_model), "--port",
-                    str(free_port()), "--register")  # fmt: skip
+    serve = rollout(
+        *fresh,
+        "replica",
+        "serve",
+        "--model",
+        str(tiny_model),
+        "--port",
+        str(free_port()),
+        "--register",
+    )
     assert_one_line(serve, 1, FIX_TOPICS)
 
 
@@ -189,8 +223,11 @@ def test_status_of_a_run_without_topics_says_how_to_create_them(fresh) -> None:
 )
 def test_a_missing_model_directory_is_one_line(command, tmp_path) -> None:
     missing = str(tmp_path / "no-model")
-    run = rollout("--bootstrap", f"127.0.0.1:{free_port()}",
-                  *[part.replace("{missing}", missing) for part in command])  # fmt: skip
+    run = rollout(
+        "--bootstrap",
+        f"127.0.0.1:{free_port()}",
+        *[part.replace("{missing}", missing) for part in command],
+    )
     assert_one_line(run, 2, missing, "does not exist", "rollout model init")
 
 
@@ -203,9 +240,17 @@ def test_a_directory_that_is_not_a_model_is_one_line(tmp_path) -> None:
 def test_the_trainer_refuses_a_missing_model_directory(
     kafka_bootstrap, topics_config, tmp_path
 ) -> None:
-    run = rollout("--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
-                  "--set", f"trainer.checkpoint_dir={tmp_path / 'ck'}",
-                  "train", "--model", str(tmp_path / "no-model"))  # fmt: skip
+    run = rollout(
+        "--bootstrap",
+        kafka_bootstrap,
+        "--set",
+        f"topics.prefix={topics_config.prefix}",
+        "--set",
+        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+        "train",
+        "--model",
+        str(tmp_path / "no-model"),
+    )
     assert_one_line(run, 1, "no-model is not a model directory", "rollout model init")
 
 
@@ -285,17 +330,25 @@ def test_bad_chaos_arguments_are_refused_before_it_starts() -> None:
 # --- Ctrl-C in the middle of a run --------------------------------------------------
 
 
-def interrupt(args: list[str], *, after: Callable[[subprocess.Popen[str]], bool],
-              twice: bool = False, timeout_s: float = 120.0) -> Run:  # fmt: skip
+def interrupt(
+    args: list[str],
+    *,
+    after: Callable[[subprocess.Popen[str]], bool],
+    twice: bool = False,
+    timeout_s: float = 120.0,
+) -> Run:
     """Start `rollout *args`, send SIGINT once `after(proc)` holds (polled), return the run;
     `seconds` is from the (first) signal to the exit."""
     # SIGINT as a terminal's Ctrl-C delivers it: a run started in the background of a script
     # (a CI job started with `&`) inherits SIGINT ignored, and Python then leaves it ignored.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + timeout_s
         while not after(proc):
@@ -356,19 +409,38 @@ def _samples_in_flight(port: int) -> Callable[[subprocess.Popen[str]], bool]:
 @pytest.mark.kafka
 def test_ctrl_c_while_producing_is_one_line(kafka_bootstrap, topics_config, tmp_path) -> None:
     path = write_rows(arithmetic_rows(200, seed=2), tmp_path / "many.jsonl")
-    args = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
-            "produce", "--dataset", str(path), "--rate", "5", "--quiet"]  # fmt: skip
+    args = [
+        "--bootstrap",
+        kafka_bootstrap,
+        "--set",
+        f"topics.prefix={topics_config.prefix}",
+        "produce",
+        "--dataset",
+        str(path),
+        "--rate",
+        "5",
+        "--quiet",
+    ]
     # Signal once records flow (a fixed delay could land in the start-up of a loaded machine).
     run = interrupt(args, after=_records_on(kafka_bootstrap, topics_config.name("prompts")))
     assert_one_line(run, 130, "rollout: interrupted", bound_s=10)
 
 
 @pytest.mark.kafka
-def test_ctrl_c_stops_the_trainer_with_its_result(kafka_bootstrap, topics_config, tiny_model,
-                                                  tmp_path) -> None:  # fmt: skip
-    args = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
-            "--set", f"trainer.checkpoint_dir={tmp_path / 'ck'}", "train", "--model",
-            str(tiny_model)]  # fmt: skip
+def test_ctrl_c_stops_the_trainer_with_its_result(
+    kafka_bootstrap, topics_config, tiny_model, tmp_path
+) -> None:
+    args = [
+        "--bootstrap",
+        kafka_bootstrap,
+        "--set",
+        f"topics.prefix={topics_config.prefix}",
+        "--set",
+        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+        "train",
+        "--model",
+        str(tiny_model),
+    ]
     run = interrupt(args, after=_after(8.0))
     assert run.code in (0, 130), run.stderr[-3000:]
     assert run.seconds < BOUND_S and "Traceback" not in run.stderr + run.stdout
@@ -377,8 +449,9 @@ def test_ctrl_c_stops_the_trainer_with_its_result(kafka_bootstrap, topics_config
 
 
 @pytest.mark.kafka
-def test_ctrl_c_twice_aborts_the_agent_loop_at_once(kafka_bootstrap, topics_config, tiny_model,
-                                                   tmp_path) -> None:  # fmt: skip
+def test_ctrl_c_twice_aborts_the_agent_loop_at_once(
+    kafka_bootstrap, topics_config, tiny_model, tmp_path
+) -> None:
     """The replica never answers, so the first Ctrl-C's grace period would run out; the
     second one ends the worker at once."""
     from pipeline.producer import PromptProducer
@@ -387,10 +460,22 @@ def test_ctrl_c_twice_aborts_the_agent_loop_at_once(kafka_bootstrap, topics_conf
     with PromptProducer(KafkaConfig(bootstrap_servers=kafka_bootstrap), topics_config) as p:
         p.produce_rows(arithmetic_rows(4, seed=3), uid_prefix="ctrl-c")
     metrics = free_port()
-    args = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={topics_config.prefix}",
-            "--set", "agent_loop.grace_period_s=60", "worker", "agent-loop",
-            "--model", str(tiny_model), "--replica", f"http://127.0.0.1:{free_port()}",
-            "--metrics-port", str(metrics)]  # fmt: skip
+    args = [
+        "--bootstrap",
+        kafka_bootstrap,
+        "--set",
+        f"topics.prefix={topics_config.prefix}",
+        "--set",
+        "agent_loop.grace_period_s=60",
+        "worker",
+        "agent-loop",
+        "--model",
+        str(tiny_model),
+        "--replica",
+        f"http://127.0.0.1:{free_port()}",
+        "--metrics-port",
+        str(metrics),
+    ]
     run = interrupt(args, after=_samples_in_flight(metrics), twice=True)
     shown = f"exit {run.code} after {run.seconds:.1f}s:\n{run.stderr[-3000:]}"
     assert run.code == 130 and run.seconds < BOUND_S, shown

@@ -85,8 +85,10 @@ def test_topics_produce_and_consume(kafka_bootstrap, tmp_path, unique) -> None:
     if shutil.which("kcat"):
         raw = subprocess.run(
             ["kcat", "-b", kafka_bootstrap, "-C", "-t", f"{prefix}prompts", "-c", "1", "-e", "-q"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert json.loads(raw.stdout.splitlines()[0])["kind"] == "prompt"
 
     deleted = run_cli(*flags, "topics", "delete")

@@ -69,10 +69,15 @@ EMPTY_WHEN_CLEAN = {
 #: the prefix-cache hit rate (a prompt's samples are prefilled together, and a new version
 #: clears the cache before another request could reuse a finished prompt).
 POSITIVE = {
-    "Consumed per second", "Produced per second", "Turn latency", "Trajectory latency",
-    "Policy version", "Generated tokens per second", "Trainer steps per minute",
+    "Consumed per second",
+    "Produced per second",
+    "Turn latency",
+    "Trajectory latency",
+    "Policy version",
+    "Generated tokens per second",
+    "Trainer steps per minute",
     "Dead letters (since each process started)",
-}  # fmt: skip
+}
 
 Seen = dict[tuple[str, str], tuple[dict[str, str], float]]
 
@@ -81,15 +86,24 @@ def test_every_panel_shows_data_from_a_live_run(
     kafka_config: KafkaConfig, topics_config: TopicsConfig, tiny_model: Path, tmp_path: Path
 ) -> None:
     cfg = local_run_config(
-        kafka_config, topics_config.prefix, tiny_model, tmp_path,
-        n=N, train_batch_size=BATCH, max_tokens=8, max_staleness=1, in_flight=8,
-    )  # fmt: skip
+        kafka_config,
+        topics_config.prefix,
+        tiny_model,
+        tmp_path,
+        n=N,
+        train_batch_size=BATCH,
+        max_tokens=8,
+        max_staleness=1,
+        in_flight=8,
+    )
     queries = dashboard_queries(SCRAPE_S, INTERVAL_S)
     assert set(EMPTY_WHEN_CLEAN) | POSITIVE <= {q.panel for q in queries}
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(PROMPTS, seed=3), uid_prefix="prom")
     with LocalPipeline(cfg, tmp_path / "run", model_dir=str(tiny_model), metrics=True) as pipe:
-        replicas = {f"replica-{i}": int(url.rpartition(":")[2]) for i, url in enumerate(pipe.replica_urls)}  # fmt: skip
+        replicas = {
+            f"replica-{i}": int(url.rpartition(":")[2]) for i, url in enumerate(pipe.replica_urls)
+        }
         config = local_config(pipe.metrics_ports, replicas, scrape_interval_s=SCRAPE_S)
         prom = Prometheus(prometheus_binary() or "", config, tmp_path / "prometheus")
         try:
@@ -174,8 +188,16 @@ def _status_agrees(
         assert time.monotonic() < deadline, "the run never went quiet"
         time.sleep(0.5)
     before = time.time()
-    status = run_cli("--bootstrap", kafka.bootstrap, "--set", f"topics.prefix={topics.prefix}",
-                     "status", "--json", "--interval", "0.5")  # fmt: skip
+    status = run_cli(
+        "--bootstrap",
+        kafka.bootstrap,
+        "--set",
+        f"topics.prefix={topics.prefix}",
+        "status",
+        "--json",
+        "--interval",
+        "0.5",
+    )
     assert status.returncode == 0, status.stderr
     seen = json.loads(status.stdout)
     after = time.time() + SCRAPE_S
@@ -185,12 +207,18 @@ def _status_agrees(
     produced_by_pipeline = {t: n for t, n in ends.items() if t != topics.name("prompts")}
     committed = {t: row["committed"] for g in seen["groups"].values() for t, row in g.items()}
     for at in (before, after):
-        produced = {r["topic"]: v for r, v in prom.query(
-            "sum by (topic) (rollout_messages_produced_total)", at=at)}  # fmt: skip
+        produced = {
+            r["topic"]: v
+            for r, v in prom.query("sum by (topic) (rollout_messages_produced_total)", at=at)
+        }
         replicas_topic = topics.name("replicas")  # registrations: written by no stage process
         assert produced == {t: n for t, n in produced_by_pipeline.items() if t != replicas_topic}
-        consumed = {r["topic"]: v for r, v in prom.query(
-            'sum by (topic) (rollout_messages_consumed_total{stage!="sync"})', at=at)}  # fmt: skip
+        consumed = {
+            r["topic"]: v
+            for r, v in prom.query(
+                'sum by (topic) (rollout_messages_consumed_total{stage!="sync"})', at=at
+            )
+        }
         assert consumed == committed
         # Each sync controller reads the whole policy topic (no group: nothing committed).
         synced = prom.query('rollout_messages_consumed_total{stage="sync"}', at=at)

@@ -219,8 +219,9 @@ def test_every_stage_connects_from_config_alone(
     assert snippet.returncode == 0, snippet.stderr
     assert "created user carol" in snippet.stderr
     assert "ROLLOUT_KAFKA__SASL_PASSWORD" in snippet.stdout
-    password = run_cli("kafka", "creds", "--port", port, "--user", "carol", "--password",
-                       env=broker.env).stdout.strip()  # fmt: skip
+    password = run_cli(
+        "kafka", "creds", "--port", port, "--user", "carol", "--password", env=broker.env
+    ).stdout.strip()
     assert password and password not in snippet.stdout
     for grant in (["--topic", prompts], ["--group", "carol-", "--prefixed"]):
         out = run_cli("kafka", "grant", "--port", port, "--user", "carol", *grant, env=broker.env)

@@ -31,21 +31,41 @@ def pipeline_config(
             "kafka": {"bootstrap_servers": kafka_bootstrap},
             "topics": {"prefix": topics_prefix},
             "agent_loop": {
-                "group_id": f"{topics_prefix}agent-loop", "model": str(model), "n": 2,
-                "max_samples_in_flight": 8, "commit_interval_s": 0.5,
+                "group_id": f"{topics_prefix}agent-loop",
+                "model": str(model),
+                "n": 2,
+                "max_samples_in_flight": 8,
+                "commit_interval_s": 0.5,
                 "sampling": {"max_tokens": 8, "temperature": 1.0},
                 "llm": {"health_interval_s": 1.0},
                 "admission": {"max_staleness": max_staleness, "train_batch_size": BATCH},
             },
-            "reward": {"app_id": f"{topics_prefix}reward", "tokenizer": str(model), "batch_within_s": 0.1, "commit_interval_s": 0.5},
-            "replay": {"app_id": f"{topics_prefix}replay", "n": 2,
-                       "max_staleness": max_staleness, "batch_within_s": 0.1, "commit_interval_s": 0.5},
-            "trainer": {"model_dir": str(model), "checkpoint_dir": str(run_dir / "ckpt"),
-                        "group_id": f"{topics_prefix}trainer", "train_batch_size": BATCH,
-                        "sync_every": 1, "max_steps": STEPS, "max_staleness": max_staleness,
-                        "torch_threads": 1, "lr": 1e-3},
+            "reward": {
+                "app_id": f"{topics_prefix}reward",
+                "tokenizer": str(model),
+                "batch_within_s": 0.1,
+                "commit_interval_s": 0.5,
+            },
+            "replay": {
+                "app_id": f"{topics_prefix}replay",
+                "n": 2,
+                "max_staleness": max_staleness,
+                "batch_within_s": 0.1,
+                "commit_interval_s": 0.5,
+            },
+            "trainer": {
+                "model_dir": str(model),
+                "checkpoint_dir": str(run_dir / "ckpt"),
+                "group_id": f"{topics_prefix}trainer",
+                "train_batch_size": BATCH,
+                "sync_every": 1,
+                "max_steps": STEPS,
+                "max_staleness": max_staleness,
+                "torch_threads": 1,
+                "lr": 1e-3,
+            },
         },
-    )  # fmt: skip
+    )
 
 
 def health(url: str) -> dict:
@@ -117,8 +137,16 @@ def test_the_loop_trains_and_weights_flow_back(
 
 
 def run_status(bootstrap: str, prefix: str):
-    return run_cli("--bootstrap", bootstrap, "--set", f"topics.prefix={prefix}",
-                   "status", "--json", "--interval", "0.5")  # fmt: skip
+    return run_cli(
+        "--bootstrap",
+        bootstrap,
+        "--set",
+        f"topics.prefix={prefix}",
+        "status",
+        "--json",
+        "--interval",
+        "0.5",
+    )
 
 
 def _published(metrics: Path) -> int:

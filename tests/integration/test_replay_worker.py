@@ -108,11 +108,19 @@ def scored(
     uid: str, index: int, reward: float, low: int = 0, high: int | None = None
 ) -> ScoredTrajectory:
     return ScoredTrajectory(
-        uid=uid, trajectory_id=f"{uid}/{index}", sample_index=index, attempt_id="a",
-        data_source="openai/gsm8k", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1],
-        response_logprobs=[-0.1, -0.2], num_turns=2, reward_score=reward,
+        uid=uid,
+        trajectory_id=f"{uid}/{index}",
+        sample_index=index,
+        attempt_id="a",
+        data_source="openai/gsm8k",
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 1],
+        response_logprobs=[-0.1, -0.2],
+        num_turns=2,
+        reward_score=reward,
         extra_fields={"min_global_steps": low, "max_global_steps": low if high is None else high},
-    )  # fmt: skip
+    )
 
 
 Item = EventBase | tuple[str | None, bytes]
@@ -171,16 +179,41 @@ def test_groups_staleness_zero_variance_timeout_and_dead_letters(
     part = [scored("part", i, r, low=10) for i, r in enumerate([1.0, 0.0])]
     prompt = PromptEvent(uid="p", prompt=[{"role": "user", "content": "hi"}], data_source="x")
     items: list[Item] = [
-        good[3], skew[0], good[1], old[0], flat[0], part[0], good[1],  # duplicate
-        ("junk", b"\x00 not an event"), old[1], skew[1], flat[1], flat[2], old[2], good[0],
-        prompt, ("not-the-uid", encode(scored("keyed", 0, 1.0))), skew[2], part[1], good[3],
-        old[3], flat[3], skew[3], good[2], skew[0],  # duplicate after completion
-    ]  # fmt: skip
+        good[3],
+        skew[0],
+        good[1],
+        old[0],
+        flat[0],
+        part[0],
+        good[1],  # duplicate
+        ("junk", b"\x00 not an event"),
+        old[1],
+        skew[1],
+        flat[1],
+        flat[2],
+        old[2],
+        good[0],
+        prompt,
+        ("not-the-uid", encode(scored("keyed", 0, 1.0))),
+        skew[2],
+        part[1],
+        good[3],
+        old[3],
+        flat[3],
+        skew[3],
+        good[2],
+        skew[0],  # duplicate after completion
+    ]
     produce(kafka_config, t.name("scored"), items)
     worker.configure(
-        n=4, group_timeout_s=6, partial_policy="emit", max_staleness=2, stale_policy="drop",
-        drop_zero_variance=True, norm_adv_by_std=True,
-    )  # fmt: skip
+        n=4,
+        group_timeout_s=6,
+        partial_policy="emit",
+        max_staleness=2,
+        stale_policy="drop",
+        drop_zero_variance=True,
+        norm_adv_by_std=True,
+    )
     worker.start()
 
     replay = read_all(
@@ -343,9 +376,13 @@ def test_restart_resolves_emitting_markers_left_by_a_crash(
             state.mark_emitting("replay", partition(uid), 0)
             producer.send(changelog, key=group_key(uid), value=state.to_bytes(), partition=p)
         landed = TrainingGroup(
-            uid="landed", samples=samples["landed"], advantages=[-1.0, 1.0, -1.0, 1.0],
-            min_global_steps=1, max_global_steps=1, emitted_at_version=0,
-        )  # fmt: skip
+            uid="landed",
+            samples=samples["landed"],
+            advantages=[-1.0, 1.0, -1.0, 1.0],
+            min_global_steps=1,
+            max_global_steps=1,
+            emitted_at_version=0,
+        )
         producer.send(
             topics_config.name("replay"),
             key="landed",
@@ -416,9 +453,11 @@ def test_partitions_move_between_two_workers_with_their_open_groups(
         assert one.proc is None
         feeder.join(timeout=120)
         records = read_all(
-            kafka_config, topics_config.name("replay"), until=lambda r: len(r) >= groups,
+            kafka_config,
+            topics_config.name("replay"),
+            until=lambda r: len(r) >= groups,
             timeout=120,
-        )  # fmt: skip
+        )
         time.sleep(3)
         records = read_all(
             kafka_config, topics_config.name("replay"), until=lambda r: False, timeout=3

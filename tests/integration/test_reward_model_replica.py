@@ -51,8 +51,13 @@ def test_classify_scores_each_sequence_independently_of_padding(reward_replica) 
 
 def test_bad_requests_are_400_and_the_server_keeps_serving(reward_replica) -> None:
     url = reward_replica.address + "/classify"
-    for body in (b"{nope", b'{"input_ids": []}', b'{"input_ids": [[1, -2]]}', b'{"input_ids": [[1]], "x": 1}',
-                 json.dumps({"input_ids": [[10**9]]}).encode()):  # fmt: skip
+    for body in (
+        b"{nope",
+        b'{"input_ids": []}',
+        b'{"input_ids": [[1, -2]]}',
+        b'{"input_ids": [[1]], "x": 1}',
+        json.dumps({"input_ids": [[10**9]]}).encode(),
+    ):
         status, answer = post(url, body)
         assert status == 400 and answer["error"]["message"], body
     assert post(url, b'{"input_ids": [[1, 2]]}')[0] == 200

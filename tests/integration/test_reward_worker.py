@@ -140,18 +140,27 @@ def make_turns(
         first, final = index == 0, index == last
         out.append(
             TurnEvent(
-                trajectory_id=f"{uid}/{sample}", uid=uid, sample_index=sample, attempt_id=attempt,
-                turn_index=index, role=role, token_ids=ids,
+                trajectory_id=f"{uid}/{sample}",
+                uid=uid,
+                sample_index=sample,
+                attempt_id=attempt,
+                turn_index=index,
+                role=role,
+                token_ids=ids,
                 logprobs=[-0.5] * len(ids) if role == "assistant" else None,
-                min_global_steps=1 + index, max_global_steps=2 + index, final=final,
+                min_global_steps=1 + index,
+                max_global_steps=2 + index,
+                final=final,
                 prompt_ids=tokenizer.encode("question?") if first else None,
                 data_source=data_source if first else None,
                 reward_model=RewardModelSpec(ground_truth=truth) if first else None,
                 tool_reward=0.5 if role == "tool" else None,
                 num_turns=len(texts) + 1 if final else None,
-                extra_fields=ExtraFields(min_global_steps=1, max_global_steps=2 + last) if final else None,
+                extra_fields=(
+                    ExtraFields(min_global_steps=1, max_global_steps=2 + last) if final else None
+                ),
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -225,8 +234,13 @@ def test_edge_cases_become_exactly_one_scored_trajectory_each(
         assert dict(record.headers)[TRAJECTORY_ID] == event.trajectory_id.encode()
         by_id[event.trajectory_id] = event
     assert {k: v.reward_score for k, v in by_id.items()} == {
-        "ok/0": 1.0, "wrong/0": 0.0, "race/0": 1.0, "dup/0": 1.0, "late/0": 1.0, "math/0": 1.0,
-    }  # fmt: skip
+        "ok/0": 1.0,
+        "wrong/0": 0.0,
+        "race/0": 1.0,
+        "dup/0": 1.0,
+        "late/0": 1.0,
+        "math/0": 1.0,
+    }
     assert by_id["race/0"].attempt_id == "b" and by_id["dup/0"].attempt_id == "first"
     okt = by_id["ok/0"]
     assert okt.num_turns == 4 and okt.tool_rewards == [0.5]
@@ -316,9 +330,10 @@ def test_outputs_of_an_uncommitted_batch_are_not_emitted_again(
     partitions = topics_config.scored.partitions
     if committed:
         consumer = KafkaConsumer(
-            bootstrap_servers=kafka_config.bootstrap, group_id=f"{topics_config.prefix}reward",
+            bootstrap_servers=kafka_config.bootstrap,
+            group_id=f"{topics_config.prefix}reward",
             enable_auto_commit=False,
-        )  # fmt: skip
+        )
         point = format_recovery_point(dict.fromkeys(range(partitions), 0))
         turns_partitions = range(topics_config.turns.partitions)
         consumer.commit(
@@ -331,15 +346,26 @@ def test_outputs_of_an_uncommitted_batch_are_not_emitted_again(
     gone = make_turns(tokenizer, "gone", ["a", "#### 1"], truth="1")
     new = make_turns(tokenizer, "new", ["b", "#### 2"], truth="2")
     earlier = ScoredTrajectory(
-        uid="gone", trajectory_id="gone/0", sample_index=0, attempt_id="a", data_source="x",
-        prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
-        num_turns=3, reward_score=1.0, extra_fields=ExtraFields(min_global_steps=1, max_global_steps=1),
-    )  # fmt: skip
+        uid="gone",
+        trajectory_id="gone/0",
+        sample_index=0,
+        attempt_id="a",
+        data_source="x",
+        prompt_ids=[1],
+        response_ids=[2],
+        response_mask=[1],
+        response_logprobs=[-0.5],
+        num_turns=3,
+        reward_score=1.0,
+        extra_fields=ExtraFields(min_global_steps=1, max_global_steps=1),
+    )
     producer = make_producer(kafka_config)
     producer.send(
-        scored_topic, key=b"gone", value=encode(earlier),
+        scored_topic,
+        key=b"gone",
+        value=encode(earlier),
         headers=[*headers_for(earlier), (TRAJECTORY_ID, b"gone/0")],
-    )  # fmt: skip
+    )
     producer.flush(timeout=30)
     producer.close()
     produce(kafka_config, topics_config.name("turns"), [*gone, *new])
@@ -459,11 +485,14 @@ def test_an_idle_stage_still_abandons_and_expires(
 
     writes = last_writes(
         read_all(
-            kafka_config, changelog, timeout=30,
-            until=lambda r: all(last_writes(r).get(k, b"") is None
-                                for k in (b"idle-stuck/0", b"idle-done/0")),
+            kafka_config,
+            changelog,
+            timeout=30,
+            until=lambda r: all(
+                last_writes(r).get(k, b"") is None for k in (b"idle-stuck/0", b"idle-done/0")
+            ),
         )
-    )  # fmt: skip
+    )
     assert writes.get(b"idle-stuck/0", b"") is None and writes.get(b"idle-done/0", b"") is None
     stats = worker.stats()
     assert stats.get("abandoned") == 1 and stats.get("done_expired") == 1, stats

@@ -17,10 +17,24 @@ from tests.conftest import REPO, free_port
 def test_agent_loop_without_a_broker_exits_75_with_one_line(tiny_model: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "--bootstrap", bootstrap, "worker", "agent-loop",
-         "--model", str(tiny_model), "--replica", f"http://127.0.0.1:{free_port()}"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "--bootstrap",
+            bootstrap,
+            "worker",
+            "agent-loop",
+            "--model",
+            str(tiny_model),
+            "--replica",
+            f"http://127.0.0.1:{free_port()}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert f"rollout: error: cannot reach Kafka at {bootstrap}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -47,16 +47,24 @@ def _turns(tok: Any, uid: str, answer: str) -> list[TurnEvent]:
         first, final = index == 0, index == 1
         events.append(
             TurnEvent(
-                trajectory_id=f"{uid}/0", uid=uid, sample_index=0, attempt_id="a",
-                turn_index=index, role="assistant", token_ids=ids, logprobs=[-0.1] * len(ids),
-                min_global_steps=0, max_global_steps=0, final=final,
+                trajectory_id=f"{uid}/0",
+                uid=uid,
+                sample_index=0,
+                attempt_id="a",
+                turn_index=index,
+                role="assistant",
+                token_ids=ids,
+                logprobs=[-0.1] * len(ids),
+                min_global_steps=0,
+                max_global_steps=0,
+                final=final,
                 prompt_ids=tok.encode("question?") if first else None,
                 data_source="openai/gsm8k" if first else None,
                 reward_model=RewardModelSpec(ground_truth="4") if first else None,
                 num_turns=3 if final else None,
                 extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0) if final else None,
             )
-        )  # fmt: skip
+        )
     return events
 
 
@@ -87,10 +95,22 @@ def reward_process(
     log = tmp_path / "reward.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "--config", str(config), "-v",
-             "worker", "reward", "--metrics-port", str(port)],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "--config",
+                str(config),
+                "-v",
+                "worker",
+                "reward",
+                "--metrics-port",
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield proc, port, log
     finally:

@@ -48,24 +48,43 @@ async def test_tool_loop_masks_tool_tokens_and_round_trips(
     kafka_config, topics_config, tiny_model, scripted, unique
 ) -> None:
     prompts = [
-        PromptEvent(uid="calc", prompt=[{"role": "user", "content": "What is 2 + 3 * 4?"}],
-                    data_source="openai/gsm8k", agent_name="tool_agent"),
-        PromptEvent(uid="unknown", prompt=[{"role": "user", "content": "Call an unknown tool."}],
-                    data_source="openai/gsm8k", agent_name="tool_agent"),
-        PromptEvent(uid="broken", prompt=[{"role": "user", "content": "Make a broken call."}],
-                    data_source="openai/gsm8k", agent_name="tool_agent"),
-        PromptEvent(uid="none", prompt=[{"role": "user", "content": "No tools for you."}],
-                    data_source="openai/gsm8k", agent_name="tool_agent",
-                    extra_info={"tool_selection": []}),
-    ]  # fmt: skip
+        PromptEvent(
+            uid="calc",
+            prompt=[{"role": "user", "content": "What is 2 + 3 * 4?"}],
+            data_source="openai/gsm8k",
+            agent_name="tool_agent",
+        ),
+        PromptEvent(
+            uid="unknown",
+            prompt=[{"role": "user", "content": "Call an unknown tool."}],
+            data_source="openai/gsm8k",
+            agent_name="tool_agent",
+        ),
+        PromptEvent(
+            uid="broken",
+            prompt=[{"role": "user", "content": "Make a broken call."}],
+            data_source="openai/gsm8k",
+            agent_name="tool_agent",
+        ),
+        PromptEvent(
+            uid="none",
+            prompt=[{"role": "user", "content": "No tools for you."}],
+            data_source="openai/gsm8k",
+            agent_name="tool_agent",
+            extra_info={"tool_selection": []},
+        ),
+    ]
     produce_prompts(kafka_config, topics_config.name("prompts"), prompts)
     tools = load_tools(
         {"tools": [{"class_name": "workers.agent_loop.tools.calculator.CalculatorTool"}]}
     )
     cfg = AgentLoopWorkerConfig(
-        group_id=unique("tool"), model=str(tiny_model), n=1, replicas=[scripted.address],
+        group_id=unique("tool"),
+        model=str(tiny_model),
+        n=1,
+        replicas=[scripted.address],
         sampling=SamplingParams(max_tokens=64, temperature=0.0),
-    )  # fmt: skip
+    )
     worker = AgentLoopWorker(kafka_config, topics_config, cfg, tools=tools)
     await run_worker_until(
         worker, lambda: worker.counters["trajectories"] >= len(prompts), timeout_s=60
@@ -97,12 +116,19 @@ async def test_tool_loop_masks_tool_tokens_and_round_trips(
     assert "#### 14" in full
     # prompt + response decodes to the conversation the chat template would render
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 2 + 3 * 4?"},
-         {"role": "assistant", "content": "", "tool_calls": [{"name": "calculator", "arguments": {"expression": "2 + 3 * 4"}}]},
-         {"role": "tool", "content": "14"},
-         {"role": "assistant", "content": "The tool said 14.\n#### 14"}],
-        tools=[tools["calculator"].openai_schema()], tokenize=False,
-    )  # fmt: skip
+        [
+            {"role": "user", "content": "What is 2 + 3 * 4?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"name": "calculator", "arguments": {"expression": "2 + 3 * 4"}}],
+            },
+            {"role": "tool", "content": "14"},
+            {"role": "assistant", "content": "The tool said 14.\n#### 14"},
+        ],
+        tools=[tools["calculator"].openai_schema()],
+        tokenize=False,
+    )
     assert full.strip() == rendered.strip()
     assert traj[1].logprobs is None and traj[0].logprobs is not None
     assert all(t.min_global_steps == 0 for t in traj)

@@ -234,9 +234,10 @@ def test_controller_moves_a_replica_to_the_published_version(
                 time.sleep(0.2)
             body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 1.0}).encode()
             request = urllib.request.Request(
-                replica.address + "/v1/completions", data=body,
+                replica.address + "/v1/completions",
+                data=body,
                 headers={"Content-Type": "application/json"},
-            )  # fmt: skip
+            )
             with urllib.request.urlopen(request, timeout=30) as resp:
                 assert json.loads(resp.read())["policy_version"] == 1
         finally:

@@ -16,20 +16,31 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 def _traj(uid: str, i: int, score: float) -> ScoredTrajectory:
     return ScoredTrajectory(
-        uid=uid, trajectory_id=f"{uid}/{i}", sample_index=i, attempt_id="a", data_source="t",
-        prompt_ids=[1, 2, 3][: 1 + i % 3], response_ids=[4, 5, 6, 7][: 1 + i % 4],
-        response_mask=[1, 1, 0, 1][: 1 + i % 4], response_logprobs=[-0.1] * (1 + i % 4),
-        num_turns=2, reward_score=score,
+        uid=uid,
+        trajectory_id=f"{uid}/{i}",
+        sample_index=i,
+        attempt_id="a",
+        data_source="t",
+        prompt_ids=[1, 2, 3][: 1 + i % 3],
+        response_ids=[4, 5, 6, 7][: 1 + i % 4],
+        response_mask=[1, 1, 0, 1][: 1 + i % 4],
+        response_logprobs=[-0.1] * (1 + i % 4),
+        num_turns=2,
+        reward_score=score,
         extra_fields=ExtraFields(min_global_steps=i % 2, max_global_steps=i % 2 + 1),
-    )  # fmt: skip
+    )
 
 
 def _group(uid: str) -> TrainingGroup:
     samples = [_traj(uid, 0, 1.0), _traj(uid, 1, 0.0)]
     return TrainingGroup(
-        uid=uid, samples=samples, advantages=[0.5, -0.5],
-        min_global_steps=0, max_global_steps=2, emitted_at_version=2,
-    )  # fmt: skip
+        uid=uid,
+        samples=samples,
+        advantages=[0.5, -0.5],
+        min_global_steps=0,
+        max_global_steps=2,
+        emitted_at_version=2,
+    )
 
 
 def test_batches_positions_seek_and_commit(

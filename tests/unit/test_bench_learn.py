@@ -8,8 +8,10 @@ from pipeline.bench.learn import summarize_run
 
 
 def _steps(rewards: list[float], **extra: float) -> list[dict[str, float]]:
-    return [{"step": i + 1, "time": 100.0 + 2 * i, "reward_mean": r, **extra}
-            for i, r in enumerate(rewards)]  # fmt: skip
+    return [
+        {"step": i + 1, "time": 100.0 + 2 * i, "reward_mean": r, **extra}
+        for i, r in enumerate(rewards)
+    ]
 
 
 def test_a_run_that_learns() -> None:

@@ -10,8 +10,11 @@ import sys
 def test_bench_serialization_prints_one_json_object() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "bench", "serialization", "--json", "--rounds", "1"],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     result = json.loads(out.stdout)
     for key in ("ratio", "bytes_per_token", "packed_events_per_s", "baseline_events_per_s"):
         assert key in result

@@ -172,6 +172,13 @@ def test_decode_as_rejects_the_wrong_kind() -> None:
 def test_int_fields_refuse_floats() -> None:
     with pytest.raises(ValueError, match="integers"):
         TurnEvent(
-            trajectory_id="u/0", uid="u", sample_index=0, attempt_id="a", turn_index=0,
-            role="assistant", token_ids=[1.5], min_global_steps=0, max_global_steps=0,
-        )  # fmt: skip
+            trajectory_id="u/0",
+            uid="u",
+            sample_index=0,
+            attempt_id="a",
+            turn_index=0,
+            role="assistant",
+            token_ids=[1.5],
+            min_global_steps=0,
+            max_global_steps=0,
+        )

@@ -175,9 +175,19 @@ def test_the_pipeline_services_are_all_there() -> None:
         for args in commands.values()
     )
     assert kinds == sorted(
-        ["topics create", "model init", "replica serve", "replica serve", "replica sync",
-         "replica sync", "worker agent-loop", "worker reward", "worker replay", "train"]
-    )  # fmt: skip
+        [
+            "topics create",
+            "model init",
+            "replica serve",
+            "replica serve",
+            "replica sync",
+            "replica sync",
+            "worker agent-loop",
+            "worker reward",
+            "worker replay",
+            "train",
+        ]
+    )
     replicas = [args for args in commands.values() if _is_replica(args)]
     assert all(args.backend == "hf" and args.register for args in replicas)
     assert len({args.replica_id for args in replicas}) == len(replicas)

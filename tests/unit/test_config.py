@@ -128,9 +128,12 @@ def test_topic_names_and_specs() -> None:
 def test_the_gate_may_run_inside_the_drop_bound_but_not_outside() -> None:
     gate = {"admission": {"max_staleness": 24, "train_batch_size": 1}}
     RunConfig.model_validate(
-        {"agent_loop": gate, "trainer": {"max_staleness": 32, "train_batch_size": 1},
-         "replay": {"max_staleness": 32}}
-    )  # fmt: skip
+        {
+            "agent_loop": gate,
+            "trainer": {"max_staleness": 32, "train_batch_size": 1},
+            "replay": {"max_staleness": 32},
+        }
+    )
     with pytest.raises(ValidationError, match=r"below agent_loop\.admission\.max_staleness"):
         RunConfig.model_validate(
             {"agent_loop": gate, "trainer": {"max_staleness": 16, "train_batch_size": 1}}

@@ -33,8 +33,11 @@ def _steps(n: int) -> list[dict]:
 
 
 def test_writes_every_file_with_the_right_keys(tmp_path: Path) -> None:
-    info = {"bootstrap": "127.0.0.1:9092", "topics": {"turns": "demo.turns"},
-            "replay": ["rollout --bootstrap 127.0.0.1:9092 consume --topic turns"]}  # fmt: skip
+    info = {
+        "bootstrap": "127.0.0.1:9092",
+        "topics": {"turns": "demo.turns"},
+        "replay": ["rollout --bootstrap 127.0.0.1:9092 consume --topic turns"],
+    }
     summary = write_report(tmp_path, _steps(20), wall_s=123.4, info=info, started_at=1000.0)
 
     for name in ("report.png", "metrics.csv", "metrics.json", "summary.json", "summary.txt"):

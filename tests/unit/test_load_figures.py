@@ -91,21 +91,35 @@ def test_memory_growth_check() -> None:
 
 def test_render_shows_every_table_and_the_verdict() -> None:
     rows = memory_rows(
-        {"start": {"train": 5 * MB}, "baseline": {"train": 10 * MB}, "end": {"train": 15 * MB},
-         "peak": {"train": 15 * MB}},
+        {
+            "start": {"train": 5 * MB},
+            "baseline": {"train": 10 * MB},
+            "end": {"train": 15 * MB},
+            "peak": {"train": 15 * MB},
+        },
         checked=["train"],
-    )  # fmt: skip
+    )
     report = {
-        "minutes": 3, "baseline_minute": 2, "ready_s": 40.0, "backlog_target": 8,
-        "prompts_per_s": 2.0, "trajectories_per_s": 8.0,
+        "minutes": 3,
+        "baseline_minute": 2,
+        "ready_s": 40.0,
+        "backlog_target": 8,
+        "prompts_per_s": 2.0,
+        "trajectories_per_s": 8.0,
         "throughput": {"reward": {"consumed turns": 8.0, "produced scored": 8.0}},
         "latency": {"count": 10, "p50_s": 1.5, "p99_s": 3.0, "max_s": 3.1, "unscored": 0},
-        "lag": [{"t_s": 0.0, "groups": {"agent-loop": {"prompts": 24}}},
-                {"t_s": 15.0, "groups": {"agent-loop": {"prompts": 20}, "trainer": {"replay": 3}}}],
-        "memory_limit_pct": 20.0, "stale_share": 0.0, "max_staleness": 8, "staleness_max": 3,
+        "lag": [
+            {"t_s": 0.0, "groups": {"agent-loop": {"prompts": 24}}},
+            {"t_s": 15.0, "groups": {"agent-loop": {"prompts": 20}, "trainer": {"replay": 3}}},
+        ],
+        "memory_limit_pct": 20.0,
+        "stale_share": 0.0,
+        "max_staleness": 8,
+        "staleness_max": 3,
         "memory": [{**r.__dict__, "growth_pct": r.growth_pct, "ok": r.ok(20.0)} for r in rows],
-        "problems": ["train grew 50.0% (limit 20.0%)"], "ok": False,
-    }  # fmt: skip
+        "problems": ["train grew 50.0% (limit 20.0%)"],
+        "ok": False,
+    }
     text = render(report)
     assert "consumed turns" in text and "p99 3.0 s" in text
     assert "agent-loop prompts" in text and "trainer replay" in text
@@ -116,6 +130,10 @@ def test_render_shows_every_table_and_the_verdict() -> None:
 
 def test_stale_share_counts_the_trained_groups_past_the_bound() -> None:
     steps = [{"staleness_hist": {"0": 3, "2": 1}}, {"staleness_hist": {"9": 1, "1": 5}}, {}]
-    assert stale_share(steps, 8) == {"groups_trained": 10, "stale_share": 0.1,
-                                     "staleness_max": 9, "max_staleness": 8}  # fmt: skip
+    assert stale_share(steps, 8) == {
+        "groups_trained": 10,
+        "stale_share": 0.1,
+        "staleness_max": 9,
+        "max_staleness": 8,
+    }
     assert stale_share([], 8)["stale_share"] == 0.0

@@ -19,10 +19,16 @@ def test_merge_merges_mappings_and_replaces_the_rest() -> None:
 
 def test_every_stage_shares_the_prefix_model_and_bounds() -> None:
     cfg = local_run_config(
-        KafkaConfig(bootstrap_servers="h:1"), "run7.", "/m", Path("/r"), n=4,
-        train_batch_size=2, max_tokens=8, max_staleness=1,
+        KafkaConfig(bootstrap_servers="h:1"),
+        "run7.",
+        "/m",
+        Path("/r"),
+        n=4,
+        train_batch_size=2,
+        max_tokens=8,
+        max_staleness=1,
         overrides={"trainer": {"max_steps": 3}, "agent_loop": {"sampling": {"ignore_eos": True}}},
-    )  # fmt: skip
+    )
     assert cfg.topics.name("prompts") == "run7.prompts"
     assert cfg.agent_loop.group_id == "run7.agent-loop" and cfg.trainer.group_id == "run7.trainer"
     assert cfg.reward.group_id == "run7.reward" and cfg.replay.group_id == "run7.replay"

@@ -131,9 +131,14 @@ def test_every_name_in_the_contract_is_rendered_somewhere() -> None:
     trainer.step({"loss": 0.0, "is_weight_mean": 1.0, "is_weight_max": 1.0}, 0.0)
     families = [*stage.registry.collect(), *trainer.registry.collect()]
     families += replica_families(
-        "r0", running=0, waiting=0, generated_tokens=0, prefix_cache_queries=0,
-        prefix_cache_hits=0, policy_version=0,
-    )  # fmt: skip
+        "r0",
+        running=0,
+        waiting=0,
+        generated_tokens=0,
+        prefix_cache_queries=0,
+        prefix_cache_hits=0,
+        policy_version=0,
+    )
     rendered = {
         s.name
         for fam in families
@@ -164,9 +169,12 @@ def test_replica_families_derive_in_flight_and_hit_rate() -> None:
 def test_registries_are_per_object_and_serving_is_optional() -> None:
     a, b = StageMetrics("replay"), StageMetrics("replay")  # same names, no clash
     a.consumed("x")
-    assert b.registry.get_sample_value(
-        "rollout_messages_consumed_total", {"stage": "replay", "topic": "x"}
-    ) is None  # fmt: skip
+    assert (
+        b.registry.get_sample_value(
+            "rollout_messages_consumed_total", {"stage": "replay", "topic": "x"}
+        )
+        is None
+    )
     assert a.serve(0) == 0 and a.serve(None) == 0
     with pytest.raises(ValueError, match="unknown stage"):
         StageMetrics("nope")  # type: ignore[arg-type]

@@ -49,9 +49,21 @@ def test_no_unsafe_deserialisation_in_the_code() -> None:
 
 
 def test_the_check_itself_catches_what_it_should() -> None:
-    for bad in ("import pickle", "from cloudpickle import loads", "eval(text)", "yaml.load(s)",
-                "torch.load(f)", "exec(code)", "torch.load(f, weights_only=False)"):  # fmt: skip
+    for bad in (
+        "import pickle",
+        "from cloudpickle import loads",
+        "eval(text)",
+        "yaml.load(s)",
+        "torch.load(f)",
+        "exec(code)",
+        "torch.load(f, weights_only=False)",
+    ):
         assert unsafe(bad), bad
-    for fine in ("yaml.safe_load(s)", "model.eval()", "torch.load(f, weights_only=True)",
-                 "ast.literal_eval(s)", "x = 'no pickle here'"):  # fmt: skip
+    for fine in (
+        "yaml.safe_load(s)",
+        "model.eval()",
+        "torch.load(f, weights_only=True)",
+        "ast.literal_eval(s)",
+        "x = 'no pickle here'",
+    ):
         assert not unsafe(fine), fine

@@ -21,8 +21,9 @@ def test_replicas_ask_for_their_threads_on_cpu_and_their_world_size_in_gpus() ->
 
 
 def test_the_trainer_asks_for_a_gpu_when_it_trains_on_one() -> None:
-    assert stage_resources("train", backend="hf", world_size=1, replica_threads=1,
-                           trainer_gpus=1) == (1, 1)  # fmt: skip
+    assert stage_resources(
+        "train", backend="hf", world_size=1, replica_threads=1, trainer_gpus=1
+    ) == (1, 1)
     assert trainer_gpus("cpu", [8]) == 0
     assert trainer_gpus("auto", [0, 0]) == 0 and trainer_gpus("auto", [0, 4]) == 1
     assert trainer_gpus("cuda", [1]) == 1 and trainer_gpus("cuda:0", [1]) == 1
@@ -51,8 +52,12 @@ def test_replica_sizing_follows_the_placement_rules() -> None:
 
 def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:
     parser = build_parser()
-    plan = stage_plan(model_dir="/m", replica_ports=[8001], backend="vllm",
-                      replica_args=("--tp", "2", "--dp", "1", "--pp", "1"))  # fmt: skip
+    plan = stage_plan(
+        model_dir="/m",
+        replica_ports=[8001],
+        backend="vllm",
+        replica_args=("--tp", "2", "--dp", "1", "--pp", "1"),
+    )
     serve = parser.parse_args(plan[0][1])
     assert (serve.backend, serve.tp, serve.dp, serve.pp) == ("vllm", 2, 1, 1)
     up = parser.parse_args(["up", "--ray", "--replicas", "3", "--steps", "5", "--wait"])

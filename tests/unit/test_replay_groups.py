@@ -14,11 +14,19 @@ def scored(
     uid: str, index: int, reward: float, low: int = 0, high: int | None = None
 ) -> ScoredTrajectory:
     return ScoredTrajectory(
-        uid=uid, trajectory_id=f"{uid}/{index}", sample_index=index, attempt_id="a",
-        data_source="openai/gsm8k", prompt_ids=[1, 2], response_ids=[3], response_mask=[1],
-        response_logprobs=[-0.1], num_turns=2, reward_score=reward,
+        uid=uid,
+        trajectory_id=f"{uid}/{index}",
+        sample_index=index,
+        attempt_id="a",
+        data_source="openai/gsm8k",
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        response_mask=[1],
+        response_logprobs=[-0.1],
+        num_turns=2,
+        reward_score=reward,
         extra_fields={"min_global_steps": low, "max_global_steps": low if high is None else high},
-    )  # fmt: skip
+    )
 
 
 def test_advantages_by_hand() -> None:
@@ -42,9 +50,13 @@ def test_the_replay_group_and_the_consumer_batch_carry_the_same_advantages() -> 
     for i, r in enumerate(rewards):
         pending.samples[i] = scored("u", i, r)
     decision = judge(
-        pending, current_version=0, max_staleness=None, stale_policy="keep",
-        drop_zero_variance=False, norm_by_std=True,
-    )  # fmt: skip
+        pending,
+        current_version=0,
+        max_staleness=None,
+        stale_policy="keep",
+        drop_zero_variance=False,
+        norm_by_std=True,
+    )
     assert decision.group is not None
     assert decision.group.advantages == grpo_advantages(rewards, ["u"] * 5)
 

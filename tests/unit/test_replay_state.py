@@ -16,11 +16,19 @@ from workers.replay.state import GroupState, group_key, is_group_key, sample_key
 
 def scored(uid: str, index: int, reward: float, low: int = 0) -> ScoredTrajectory:
     return ScoredTrajectory(
-        uid=uid, trajectory_id=f"{uid}/{index}", sample_index=index, attempt_id="a",
-        data_source="openai/gsm8k", prompt_ids=[1], response_ids=[3], response_mask=[1],
-        response_logprobs=[-0.1], num_turns=2, reward_score=reward,
+        uid=uid,
+        trajectory_id=f"{uid}/{index}",
+        sample_index=index,
+        attempt_id="a",
+        data_source="openai/gsm8k",
+        prompt_ids=[1],
+        response_ids=[3],
+        response_mask=[1],
+        response_logprobs=[-0.1],
+        num_turns=2,
+        reward_score=reward,
         extra_fields={"min_global_steps": low, "max_global_steps": low},
-    )  # fmt: skip
+    )
 
 
 def test_group_state_lifecycle_round_trips() -> None:

@@ -20,12 +20,25 @@ def test_every_registered_backend_has_its_module() -> None:
 def test_replica_serve_offers_exactly_the_registered_backends() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--help"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "{" + ",".join(sorted(BACKENDS)) + "}" in out.stdout
     refused = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "sglang",
-         "--model", "m"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "replica",
+            "serve",
+            "--backend",
+            "sglang",
+            "--model",
+            "m",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert refused.returncode == 2 and "invalid choice: 'sglang'" in refused.stderr

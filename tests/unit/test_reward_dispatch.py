@@ -272,8 +272,9 @@ async def test_gsm8k_items_are_scored_from_the_decoded_tail() -> None:
     long_wrong_then_right = "#### 41 " + "x" * 5000 + " #### 42"
     d = Dispatcher(
         RewardConfig(tokenizer="t", data_sources={"openai/gsm8k": "gsm8k"}),
-        tokenizer=CharTokenizer(), pool=None,
-    )  # fmt: skip
+        tokenizer=CharTokenizer(),
+        pool=None,
+    )
     (score,) = await d.score_batch([item(long_wrong_then_right)])
     assert isinstance(score, Score) and score.value == 1.0
 

@@ -11,8 +11,17 @@ from pipeline.launch import stage_plan
 def test_every_planned_command_parses_in_the_cli() -> None:
     plan = stage_plan(model_dir="/m", replica_ports=[8001, 8002], agent_loop_workers=2)
     names = [name for name, _ in plan]
-    assert names == ["replica-0", "sync-0", "replica-1", "sync-1", "agent-loop-0",
-                     "agent-loop-1", "reward", "replay", "train"]  # fmt: skip
+    assert names == [
+        "replica-0",
+        "sync-0",
+        "replica-1",
+        "sync-1",
+        "agent-loop-0",
+        "agent-loop-1",
+        "reward",
+        "replay",
+        "train",
+    ]
     parser = build_parser()
     for _, argv in plan:
         parser.parse_args(argv)  # exits (SystemExit) on an unknown command or flag

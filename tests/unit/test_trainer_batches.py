@@ -10,9 +10,15 @@ from workers.trainer.batching import collate, collate_groups, grpo_advantages
 
 
 def _traj(
-    uid: str, index: int, prompt: list[int], response: list[int], mask: list[int], score: float,
-    lo: int = 0, hi: int = 0,
-) -> ScoredTrajectory:  # fmt: skip
+    uid: str,
+    index: int,
+    prompt: list[int],
+    response: list[int],
+    mask: list[int],
+    score: float,
+    lo: int = 0,
+    hi: int = 0,
+) -> ScoredTrajectory:
     return ScoredTrajectory(
         uid=uid,
         trajectory_id=f"{uid}/{index}",
@@ -55,13 +61,21 @@ def test_layout_left_pads_prompts_right_pads_responses() -> None:
 
 def test_groups_flatten_in_order_with_their_advantages() -> None:
     g1 = TrainingGroup(
-        uid="p", samples=[_traj("p", 0, [1], [2], [1], 1.0), _traj("p", 1, [1], [3], [1], 0.0)],
-        advantages=[1.0, -1.0], min_global_steps=0, max_global_steps=0, emitted_at_version=0,
-    )  # fmt: skip
+        uid="p",
+        samples=[_traj("p", 0, [1], [2], [1], 1.0), _traj("p", 1, [1], [3], [1], 0.0)],
+        advantages=[1.0, -1.0],
+        min_global_steps=0,
+        max_global_steps=0,
+        emitted_at_version=0,
+    )
     g2 = TrainingGroup(
-        uid="q", samples=[_traj("q", 0, [4, 5], [6, 7], [1, 1], 1.0)],
-        advantages=[0.25], min_global_steps=0, max_global_steps=0, emitted_at_version=0,
-    )  # fmt: skip
+        uid="q",
+        samples=[_traj("q", 0, [4, 5], [6, 7], [1, 1], 1.0)],
+        advantages=[0.25],
+        min_global_steps=0,
+        max_global_steps=0,
+        emitted_at_version=0,
+    )
     batch = collate_groups([g1, g2])
     assert batch.trajectory_ids == ["p/0", "p/1", "q/0"]
     assert batch.uids == ["p", "p", "q"]

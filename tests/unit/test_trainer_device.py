@@ -49,14 +49,21 @@ def test_a_bf16_step_stays_close_to_the_fp32_step(tmp_path) -> None:
     path = init_model(tmp_path / "tiny", preset="tiny", seed=0)
     samples = [
         ScoredTrajectory(
-            uid="u", trajectory_id=f"u/{i}", sample_index=i, attempt_id="a", data_source="t",
-            prompt_ids=[11, 12, 13, 14][: 2 + i], response_ids=[21 + i, 40, 41, 42, 43 - i],
-            response_mask=[1, 1, 0, 1, 1], response_logprobs=[-2.0, -3.0, 0.0, -1.5, -2.5],
-            num_turns=2, reward_score=float(i),
+            uid="u",
+            trajectory_id=f"u/{i}",
+            sample_index=i,
+            attempt_id="a",
+            data_source="t",
+            prompt_ids=[11, 12, 13, 14][: 2 + i],
+            response_ids=[21 + i, 40, 41, 42, 43 - i],
+            response_mask=[1, 1, 0, 1, 1],
+            response_logprobs=[-2.0, -3.0, 0.0, -1.5, -2.5],
+            num_turns=2,
+            reward_score=float(i),
             extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
         )
         for i in range(3)
-    ]  # fmt: skip
+    ]
     batch = collate(samples, [1.0, -0.5, -0.5])
     metrics = {}
     for precision in ("fp32", "bf16"):

@@ -92,10 +92,16 @@ def test_mask_and_micro_batches_add_up_to_the_token_mean() -> None:
     whole = policy_loss(logp, prox, behav, adv, mask).loss
     n = mask.sum().item()
     parts = sum(
-        policy_loss(logp[i : i + 2], prox[i : i + 2], behav[i : i + 2], adv[i : i + 2],
-                    mask[i : i + 2], token_count=n).loss
+        policy_loss(
+            logp[i : i + 2],
+            prox[i : i + 2],
+            behav[i : i + 2],
+            adv[i : i + 2],
+            mask[i : i + 2],
+            token_count=n,
+        ).loss
         for i in (0, 2)
-    )  # fmt: skip
+    )
     assert float(parts) == pytest.approx(whole.item())
     # changing anything under mask = 0 changes nothing
     logp2, behav2 = logp.clone(), behav.clone()

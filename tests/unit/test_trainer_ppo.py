@@ -54,11 +54,12 @@ def test_loss_aggregation_modes_by_hand() -> None:
     )
     # Micro-batches given the whole update's counts add up to the whole.
     halves = [
-        agg_loss(values[i : i + 1], mask[i : i + 1], mode, token_count=4, seq_count=2,
-                 norm_length=3).item()
+        agg_loss(
+            values[i : i + 1], mask[i : i + 1], mode, token_count=4, seq_count=2, norm_length=3
+        ).item()
         for mode in ("token-mean", "seq-mean-token-mean")
         for i in (0, 1)
-    ]  # fmt: skip
+    ]
     assert halves[0] + halves[1] == pytest.approx(10 / 4)
     assert halves[2] + halves[3] == pytest.approx(3.0)
     with pytest.raises(ValueError, match="loss_agg_mode"):
@@ -85,8 +86,16 @@ def test_the_kl_term_pulls_toward_the_reference() -> None:
     logp = torch.tensor([[-0.2, -0.3]], requires_grad=True)
     ref = _t([[-1.0, -1.0]])
     zero = torch.zeros((1, 2))
-    out = policy_loss(logp, logp.detach(), logp.detach(), zero, torch.ones((1, 2)),
-                      ref_log_prob=ref, kl_coef=0.5, kl_loss_type="k1")  # fmt: skip
+    out = policy_loss(
+        logp,
+        logp.detach(),
+        logp.detach(),
+        zero,
+        torch.ones((1, 2)),
+        ref_log_prob=ref,
+        kl_coef=0.5,
+        kl_loss_type="k1",
+    )
     out.loss.backward()
     assert out.metrics["kl_ref_sum"] == pytest.approx(0.8 + 0.7)
     assert logp.grad is not None and bool((logp.grad > 0).all())  # descent lowers log π_θ
@@ -98,13 +107,21 @@ def _samples(k: int = 4, n: int = 4) -> list[ScoredTrajectory]:
         for i in range(n):
             out.append(
                 ScoredTrajectory(
-                    uid=f"u{g}", trajectory_id=f"u{g}/{i}", sample_index=i, attempt_id="a",
-                    data_source="t", prompt_ids=[11, 12 + g, 13], response_ids=[21 + i, 40 + g, 41],
-                    response_mask=[1, 1, 1], response_logprobs=[-5.0, -5.0, -5.0], num_turns=2,
-                    reward_score=float(i % 2), finish_reason="length" if i == 3 else "stop",
+                    uid=f"u{g}",
+                    trajectory_id=f"u{g}/{i}",
+                    sample_index=i,
+                    attempt_id="a",
+                    data_source="t",
+                    prompt_ids=[11, 12 + g, 13],
+                    response_ids=[21 + i, 40 + g, 41],
+                    response_mask=[1, 1, 1],
+                    response_logprobs=[-5.0, -5.0, -5.0],
+                    num_turns=2,
+                    reward_score=float(i % 2),
+                    finish_reason="length" if i == 3 else "stop",
                     extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
                 )
-            )  # fmt: skip
+            )
     return out
 
 
@@ -141,8 +158,12 @@ def test_the_clip_acts_across_mini_batches(tiny) -> None:
     updates = metrics["updates"]
     assert metrics["optimizer_updates"] == 8.0 and len(updates) == 8
     assert [(u["epoch"], u["mini_batch"]) for u in updates[:5]] == [
-        (0, 0), (0, 1), (0, 2), (0, 3), (1, 0)
-    ]  # fmt: skip
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (1, 0),
+    ]
     assert updates[0]["pg_clipfrac"] == 0.0 and updates[0]["ppo_kl"] == pytest.approx(0, abs=1e-6)
     assert metrics["pg_clipfrac"] > 0  # the policy moved away from the proximal one
     assert any(u["ppo_kl"] != 0 for u in updates[1:])

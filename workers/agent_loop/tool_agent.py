@@ -175,10 +175,15 @@ class ToolAgentLoop(AgentLoopBase):
         self._last_version = out.max_global_steps
         await self.ctx.on_turn(
             TurnRecord(
-                "assistant", tokens, logprobs, out.min_global_steps, out.max_global_steps,
-                out.finish_reason, prompt_ids=data.prompt_ids if data.assistant_turns == 1 else None,
+                "assistant",
+                tokens,
+                logprobs,
+                out.min_global_steps,
+                out.max_global_steps,
+                out.finish_reason,
+                prompt_ids=data.prompt_ids if data.assistant_turns == 1 else None,
             )
-        )  # fmt: skip
+        )
         if out.finish_reason == "length" or len(data.response_ids) >= self.ctx.max_response_length:
             data.finish_reason = "length"
             return AgentState.TERMINATED
@@ -221,11 +226,16 @@ class ToolAgentLoop(AgentLoopBase):
         version = getattr(self, "_last_version", 0)
         await self.ctx.on_turn(
             TurnRecord(
-                "tool", ids, None, version, version, "tool_calls",
+                "tool",
+                ids,
+                None,
+                version,
+                version,
+                "tool_calls",
                 tool_reward=sum(rewards) if rewards else None,
                 metrics={"calls": len(calls)},
             )
-        )  # fmt: skip
+        )
         if data.user_turns >= int(self.ctx.options.get("max_user_turns", 5)):
             return AgentState.TERMINATED
         return AgentState.GENERATING

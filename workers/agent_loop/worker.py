@@ -191,10 +191,15 @@ class AgentLoopWorker:
         if cfg.admission.max_staleness is not None:
             self._follow(
                 follow_group_progress(
-                    self.kafka, self.topics, self.gate, self.consumer, self.tracker,
-                    group_id=cfg.group_id, client_id=f"{tail}-gate",
+                    self.kafka,
+                    self.topics,
+                    self.gate,
+                    self.consumer,
+                    self.tracker,
+                    group_id=cfg.group_id,
+                    client_id=f"{tail}-gate",
                 )
-            )  # fmt: skip
+            )
 
     def _follow(self, follower: Coroutine[Any, Any, None]) -> None:
         """Run a follower of another stage's topic (`follow`) until shutdown."""
@@ -203,8 +208,11 @@ class AgentLoopWorker:
     async def _shutdown(self) -> None:
         pending = [t for tasks in self._tasks.values() for t in tasks.values()]
         if pending:
-            log.info("shutting down: waiting up to %.0fs for %d prompts",
-                     self.config.grace_period_s, len(pending))  # fmt: skip
+            log.info(
+                "shutting down: waiting up to %.0fs for %d prompts",
+                self.config.grace_period_s,
+                len(pending),
+            )
             _done, late = await asyncio.wait(pending, timeout=self.config.grace_period_s)
             for task in late:
                 task.cancel()
@@ -385,8 +393,11 @@ class AgentLoopWorker:
         self.metrics.produced(self.topics.name("turns"))
         self._generated_version = max(self._generated_version, event.max_global_steps)
         future: asyncio.Future[Any] = await self.producer.send(
-            self.topics.name("turns"), key=event.trajectory_id.encode(), value=encode(event),
-            headers=headers_for(event))  # fmt: skip
+            self.topics.name("turns"),
+            key=event.trajectory_id.encode(),
+            value=encode(event),
+            headers=headers_for(event),
+        )
         return future
 
     async def _dead_letter(self, record: Any, exc: BaseException) -> None:
@@ -427,8 +438,11 @@ class AgentLoopWorker:
                 self.tracker.drop(tp)
                 self._tasks.pop(tp, None)
         if tasks:
-            log.info("revoked %d partitions; %d unfinished prompts go to the new owner",
-                     len(revoked), len(tasks))  # fmt: skip
+            log.info(
+                "revoked %d partitions; %d unfinished prompts go to the new owner",
+                len(revoked),
+                len(tasks),
+            )
 
     def _saw_version(self, version: int) -> None:
         self._policy_version = max(self._policy_version, version)

@@ -100,6 +100,10 @@ class ChangelogTable:
         self.partitions |= set(wanted)
         log.info(
             "restored %s partitions %s: %d records, %d entries, %.2fs",
-            self.topic, wanted, applied, len(self.data), time.monotonic() - started,
-        )  # fmt: skip
+            self.topic,
+            wanted,
+            applied,
+            len(self.data),
+            time.monotonic() - started,
+        )
         return applied

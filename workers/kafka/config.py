@@ -209,8 +209,15 @@ class TopicsConfig(BaseModel):
         return self
 
     ROLES: ClassVar[tuple[str, ...]] = (
-        "prompts", "turns", "scored", "replay", "stale", "policy", "replicas", "dlq",
-    )  # fmt: skip
+        "prompts",
+        "turns",
+        "scored",
+        "replay",
+        "stale",
+        "policy",
+        "replicas",
+        "dlq",
+    )
 
     def name(self, role: str) -> str:
         """The full topic name of a role, e.g. `name("turns") == "rl.turns"`."""

@@ -109,8 +109,25 @@ _SPLIT_PATTERN = (
 
 _NAMES = ("Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Mark")
 _NAMES += ("Maria", "Olivia", "Noah", "Liam", "Emma", "Sophia", "Lucas", "Mia", "Ethan", "Zoe")
-_ITEMS = ("clips", "apples", "books", "marbles", "cookies", "pages", "eggs", "stickers", "cards",
-          "pencils", "oranges", "dollars", "minutes", "tickets", "flowers", "shells", "candies")  # fmt: skip
+_ITEMS = (
+    "clips",
+    "apples",
+    "books",
+    "marbles",
+    "cookies",
+    "pages",
+    "eggs",
+    "stickers",
+    "cards",
+    "pencils",
+    "oranges",
+    "dollars",
+    "minutes",
+    "tickets",
+    "flowers",
+    "shells",
+    "candies",
+)
 _WORDS = (
     "the a of to and in is it that for on with as was at by this from or be are have not but "
     "what all were when we there can an your which their said if will each about how up out "
@@ -126,10 +143,43 @@ _WORDS = (
     "answer step total each half twice remaining price cost per week month year hour money"
 ).split()
 _TOOLS: tuple[dict[str, Any], ...] = (
-    {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-    {"type": "function", "function": {"name": "search", "description": "Search the web.", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-)  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+)
 
 
 def _word_problem(rng: random.Random) -> tuple[str, str, int]:
@@ -180,16 +230,23 @@ def _corpus(n_docs: int = 3000) -> list[str]:
         elif kind == 2:
             tool = rng.choice(_TOOLS)
             name = tool["function"]["name"]
-            arg = {"calculator": {"expression": solution.split(" computes ")[1].split(" =")[0]},
-                   "search": {"query": q[:40]},
-                   "get_weather": {"city": rng.choice(("Paris", "Tokyo", "Lima", "Oslo"))}}[name]  # fmt: skip
+            arg = {
+                "calculator": {"expression": solution.split(" computes ")[1].split(" =")[0]},
+                "search": {"query": q[:40]},
+                "get_weather": {"city": rng.choice(("Paris", "Tokyo", "Lima", "Oslo"))},
+            }[name]
             msgs = [
                 {"role": "user", "content": q},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": name, "arguments": arg}}]},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": name, "arguments": arg}}
+                    ],
+                },
                 {"role": "tool", "content": json.dumps({"result": ans})},
                 {"role": "assistant", "content": f"The answer is {ans}.\n#### {ans}"},
-            ]  # fmt: skip
+            ]
             docs.append(_render(template, msgs, tools=list(_TOOLS)))
         elif i % 8 == 3:
             words = [rng.choice(_WORDS) for _ in range(rng.randint(8, 30))]

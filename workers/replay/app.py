@@ -68,9 +68,14 @@ class ReplayStage:
         store = ChangelogTable(kafka, config.changelog_topic, client_id=self.client_id)
         self.table = GroupTable(store)
         self.loop = StageLoop(
-            kafka, stage="replay", topic=self.scored_topic, tables=[store],
-            process=self.process, on_assigned=self._on_assigned, **config.loop_settings(),
-        )  # fmt: skip
+            kafka,
+            stage="replay",
+            topic=self.scored_topic,
+            tables=[store],
+            process=self.process,
+            on_assigned=self._on_assigned,
+            **config.loop_settings(),
+        )
         self.producer: AIOKafkaProducer | None = None
         self.ledger: GroupLedger | None = None
         self.policy: PolicyTracker | None = None
@@ -104,9 +109,15 @@ class ReplayStage:
         await self.policy.start(self.producer)
         routes = Routes(replay=self.replay_topic, stale=self.stale_topic, dlq=self.dlq_topic)
         self.processor = GroupProcessor(
-            self.config, self.table, self.stats, routes,
-            producer=self.producer, ledger=self.ledger, policy=self.policy, metrics=self.metrics,
-        )  # fmt: skip
+            self.config,
+            self.table,
+            self.stats,
+            routes,
+            producer=self.producer,
+            ledger=self.ledger,
+            policy=self.policy,
+            metrics=self.metrics,
+        )
         log.info("replay stage ready: n=%d, policy version %d", self.config.n, self.policy.version)
 
     async def close(self) -> None:

@@ -242,10 +242,15 @@ class GroupProcessor:
                 continue
             group = PendingGroup(state.uid, state.expected, state.first_seen, samples)
             decision = judge(
-                group, current_version=version, max_staleness=c.max_staleness,
-                stale_policy=c.stale_policy, drop_zero_variance=c.drop_zero_variance,
-                norm_by_std=c.norm_adv_by_std, partial_policy=c.partial_policy, eps=c.adv_eps,
-            )  # fmt: skip
+                group,
+                current_version=version,
+                max_staleness=c.max_staleness,
+                stale_policy=c.stale_policy,
+                drop_zero_variance=c.drop_zero_variance,
+                norm_by_std=c.norm_adv_by_std,
+                partial_policy=c.partial_policy,
+                eps=c.adv_eps,
+            )
             self.stats.add("groups_complete" if group.complete else "groups_partial")
             self.stats.observe_staleness(decision.staleness)
             self.metrics.observe_staleness(decision.staleness)

@@ -78,10 +78,15 @@ class RewardStage:
         self.client_id = f"{kafka.client_id}-{config.group_id}"
         self.table = ChangelogTable(kafka, config.changelog_topic, client_id=self.client_id)
         self.loop = StageLoop(
-            kafka, stage="reward", topic=self.turns_topic_name, tables=[self.table],
-            process=self.process, on_assigned=self._on_assigned,
-            commit_metadata=self._recovery_point, **config.loop_settings(),
-        )  # fmt: skip
+            kafka,
+            stage="reward",
+            topic=self.turns_topic_name,
+            tables=[self.table],
+            process=self.process,
+            on_assigned=self._on_assigned,
+            commit_metadata=self._recovery_point,
+            **config.loop_settings(),
+        )
         self.producer: AIOKafkaProducer | None = None
         self.ledger: ScoredLedger | None = None
         self.pool: ScorerPool | None = None
@@ -127,11 +132,15 @@ class RewardStage:
             self.config, tokenizer=self.tokenizer, pool=self.pool, reward_model=client
         )
         self.processor = TurnProcessor(
-            self.config, self.table,
-            producer=self.producer, ledger=self.ledger, dispatcher=self.dispatcher,
-            stats=self.stats, metrics=self.metrics,
+            self.config,
+            self.table,
+            producer=self.producer,
+            ledger=self.ledger,
+            dispatcher=self.dispatcher,
+            stats=self.stats,
+            metrics=self.metrics,
             topics=(self.turns_topic_name, self.scored_topic, self.dlq_topic),
-        )  # fmt: skip
+        )
         log.info(
             "reward stage ready: scorer=%s pool=%s", self.config.scorer_kind, self.pool is not None
         )
@@ -176,8 +185,9 @@ class RewardStage:
         if processor.recovered:
             log.info(
                 "recovery: %d trajectories already on %s since the last commits",
-                len(processor.recovered), self.scored_topic,
-            )  # fmt: skip
+                len(processor.recovered),
+                self.scored_topic,
+            )
 
     # --- one batch -------------------------------------------------------------------
 

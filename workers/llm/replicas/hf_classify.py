@@ -144,10 +144,17 @@ async def create_classifier_app(
 
     async def info(_: web.Request) -> web.Response:
         return web.json_response(
-            {"replica_id": replica_id, "backend": "hf", "model": str(model_dir), "version": version,
-             "max_model_len": classifier.max_len, "kind": "classifier", "policy_version": version,
-             "started": time.time()}
-        )  # fmt: skip
+            {
+                "replica_id": replica_id,
+                "backend": "hf",
+                "model": str(model_dir),
+                "version": version,
+                "max_model_len": classifier.max_len,
+                "kind": "classifier",
+                "policy_version": version,
+                "started": time.time(),
+            }
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(

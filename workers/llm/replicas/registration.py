@@ -61,8 +61,9 @@ class ReplicaRegistration:
                     self.publish(self.info)
                 except (KafkaError, RolloutError) as exc:
                     # The replica serves on; only routers that discover replicas miss it.
-                    log.error("replica %s not registered on %s: %s", self.info.replica_id,
-                              self.topic, exc)  # fmt: skip
+                    log.error(
+                        "replica %s not registered on %s: %s", self.info.replica_id, self.topic, exc
+                    )
                     return
                 self.registered.set()
                 log.info(

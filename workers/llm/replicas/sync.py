@@ -115,8 +115,11 @@ class ReplicaSync:
         self.applied.append(new.version)
         log.info(
             "replica %s now serves version %d from %s (%.2fs)",
-            self.url, new.version, new.path, time.monotonic() - started,
-        )  # fmt: skip
+            self.url,
+            new.version,
+            new.path,
+            time.monotonic() - started,
+        )
         return True
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
