@@ -189,36 +189,24 @@ def ensure_tls(data_dir: Path, key_password: str) -> tuple[Path, Path]:
     try:
         ca_key, csr, key, crt = (work / n for n in ("ca.key", "broker.csr", "key.pem", "crt.pem"))
         _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
+            "req", "-x509",
+            "-newkey", "rsa:2048",
             "-nodes",
-            "-keyout",
-            str(ca_key),
-            "-out",
-            str(ca),
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=rollout-local-ca",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        )
+            "-keyout", str(ca_key),
+            "-out", str(ca),
+            "-days", "3650",
+            "-subj", "/CN=rollout-local-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        )  # fmt: skip
         _openssl(
             "req",
-            "-newkey",
-            "rsa:2048",
+            "-newkey", "rsa:2048",
             "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(csr),
-            "-subj",
-            f"/{BROKER_PRINCIPAL}",
-        )
+            "-keyout", str(key),
+            "-out", str(csr),
+            "-subj", f"/{BROKER_PRINCIPAL}",
+        )  # fmt: skip
         ext = work / "ext.cnf"
         ext.write_text(
             "basicConstraints=critical,CA:FALSE\n"
@@ -229,40 +217,27 @@ def ensure_tls(data_dir: Path, key_password: str) -> tuple[Path, Path]:
             "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
         )
         _openssl(
-            "x509",
-            "-req",
-            "-in",
-            str(csr),
-            "-CA",
-            str(ca),
-            "-CAkey",
-            str(ca_key),
-            "-set_serial",
-            "0x" + secrets.token_hex(8),
-            "-days",
-            "825",
+            "x509", "-req",
+            "-in", str(csr),
+            "-CA", str(ca),
+            "-CAkey", str(ca_key),
+            "-set_serial", "0x" + secrets.token_hex(8),
+            "-days", "825",
             "-sha256",
-            "-extfile",
-            str(ext),
-            "-out",
-            str(crt),
-        )
+            "-extfile", str(ext),
+            "-out", str(crt),
+        )  # fmt: skip
         # Kafka's file-based PEM keystore needs an encrypted PKCS#8 key; PBE-SHA1-3DES is
         # the scheme every JDK's EncryptedPrivateKeyInfo can decrypt.
         encrypted = work / "key.p8"
         _openssl(
-            "pkcs8",
-            "-topk8",
-            "-in",
-            str(key),
-            "-v1",
-            "PBE-SHA1-3DES",
-            "-passout",
-            "env:ROLLOUT_TLS_KEY_PASSWORD",
-            "-out",
-            str(encrypted),
+            "pkcs8", "-topk8",
+            "-in", str(key),
+            "-v1", "PBE-SHA1-3DES",
+            "-passout", "env:ROLLOUT_TLS_KEY_PASSWORD",
+            "-out", str(encrypted),
             env={"ROLLOUT_TLS_KEY_PASSWORD": key_password},
-        )
+        )  # fmt: skip
         _write_private(keystore, encrypted.read_text() + crt.read_text() + ca.read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the CA key and the clear broker key go

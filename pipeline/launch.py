@@ -121,27 +121,16 @@ def stage_plan(
     plan: list[tuple[str, list[str]]] = []
     for i, port in enumerate(replica_ports):
         url = f"http://{host}:{port}"
-        plan.append(
-            (
-                f"replica-{i}",
-                [
-                    "replica",
-                    "serve",
-                    "--backend",
-                    backend,
-                    "--model",
-                    model_dir,
-                    "--port",
-                    str(port),
-                    "--replica-id",
-                    f"replica-{i}",
-                    "--threads",
-                    str(replica_threads),
-                    "--register",
-                    *replica_args,
-                ],
-            )
-        )
+        plan.append((f"replica-{i}", [
+            "replica", "serve",
+            "--backend", backend,
+            "--model", model_dir,
+            "--port", str(port),
+            "--replica-id", f"replica-{i}",
+            "--threads", str(replica_threads),
+            "--register",
+            *replica_args,
+        ]))  # fmt: skip
         plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
     commands = {
         "agent-loop": ["worker", "agent-loop", "--model", model_dir],

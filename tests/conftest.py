@@ -126,26 +126,18 @@ class ReplicaProcess:
         self.replica_id = replica_id
         self.address = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{replica_id}.log"
+        argv = [
+            sys.executable, "-m", "pipeline.cli", *global_args,
+            "replica", "serve",
+            "--backend", "hf",
+            "--model", str(model),
+            "--port", str(self.port),
+            "--replica-id", replica_id,
+            "--threads", "1",
+            *extra,
+        ]  # fmt: skip
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.cli",
-                *global_args,
-                "replica",
-                "serve",
-                "--backend",
-                "hf",
-                "--model",
-                str(model),
-                "--port",
-                str(self.port),
-                "--replica-id",
-                replica_id,
-                "--threads",
-                "1",
-                *extra,
-            ],
+            argv,
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
             cwd=REPO,

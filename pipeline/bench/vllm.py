@@ -138,22 +138,14 @@ class _Replica:
         self.url = f"http://127.0.0.1:{self.port}"
         self.direct = f"http://127.0.0.1:{self.internal}"
         cmd = [
-            sys.executable,
-            "-m",
-            "workers.llm.replicas.vllm",
-            "--model",
-            model,
-            "--port",
-            str(self.port),
-            "--internal-port",
-            str(self.internal),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--replica-id",
-            "bench",
-        ]
+            sys.executable, "-m", "workers.llm.replicas.vllm",
+            "--model", model,
+            "--port", str(self.port),
+            "--internal-port", str(self.internal),
+            "--dtype", "float32",
+            "--max-model-len", "2048",
+            "--replica-id", "bench",
+        ]  # fmt: skip
         if vllm_python:
             cmd += ["--vllm-python", vllm_python]
         # One OpenMP thread for vLLM's forward passes (unless the environment says otherwise):

@@ -461,21 +461,14 @@ def test_ctrl_c_twice_aborts_the_agent_loop_at_once(
         p.produce_rows(arithmetic_rows(4, seed=3), uid_prefix="ctrl-c")
     metrics = free_port()
     args = [
-        "--bootstrap",
-        kafka_bootstrap,
-        "--set",
-        f"topics.prefix={topics_config.prefix}",
-        "--set",
-        "agent_loop.grace_period_s=60",
-        "worker",
-        "agent-loop",
-        "--model",
-        str(tiny_model),
-        "--replica",
-        f"http://127.0.0.1:{free_port()}",
-        "--metrics-port",
-        str(metrics),
-    ]
+        "--bootstrap", kafka_bootstrap,
+        "--set", f"topics.prefix={topics_config.prefix}",
+        "--set", "agent_loop.grace_period_s=60",
+        "worker", "agent-loop",
+        "--model", str(tiny_model),
+        "--replica", f"http://127.0.0.1:{free_port()}",
+        "--metrics-port", str(metrics),
+    ]  # fmt: skip
     run = interrupt(args, after=_samples_in_flight(metrics), twice=True)
     shown = f"exit {run.code} after {run.seconds:.1f}s:\n{run.stderr[-3000:]}"
     assert run.code == 130 and run.seconds < BOUND_S, shown

@@ -420,24 +420,15 @@ def test_managed_flags_cannot_be_overridden(arg: str) -> None:
 
 
 def test_cli_forwards_unknown_and_trailing_args() -> None:
-    cfg, level = config_from_args(
-        [
-            "--model",
-            "/m",
-            "--port",
-            "8001",
-            "--dp",
-            "2",
-            "--enable-chunked-prefill",
-            "--log-level",
-            "debug",
-            "--version",
-            "4",
-            "--",
-            "--kv-cache-dtype",
-            "fp8",
-        ]
-    )
+    cfg, level = config_from_args([
+        "--model", "/m",
+        "--port", "8001",
+        "--dp", "2",
+        "--enable-chunked-prefill",
+        "--log-level", "debug",
+        "--version", "4",
+        "--", "--kv-cache-dtype", "fp8",
+    ])  # fmt: skip
     assert (cfg.model, cfg.port, cfg.dp, level) == ("/m", 8001, 2, "debug")
     assert cfg.initial_version == 4 and cfg.host == "127.0.0.1"
     assert cfg.extra_args == ("--enable-chunked-prefill", "--kv-cache-dtype", "fp8")
