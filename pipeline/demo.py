@@ -244,7 +244,10 @@ def run_demo(
                     started_port = state.port
         if state is not None:
             if state.data_dir:
-                broker_note = f"local broker data: {state.data_dir} (start it again: rollout kafka up --port {state.port} --data-dir {state.data_dir})"
+                broker_note = (
+                    f"local broker data: {state.data_dir} (start it again: "
+                    f"rollout kafka up --port {state.port} --data-dir {state.data_dir})"
+                )
             kafka = cfg.kafka.model_copy(update={"bootstrap_servers": [state.bootstrap]})
             cfg = cfg.model_copy(update={"kafka": kafka})
         console.print(f"Kafka at {cfg.kafka.bootstrap} ({time.monotonic() - started:.0f}s)")

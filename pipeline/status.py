@@ -235,7 +235,8 @@ def render_status(status: dict[str, Any]) -> Any:
     for topic, row in status["topics"].items():
         rates.add_row(topic, str(row["end_offset"]), f"{row['messages_per_s']:.1f}")
     reps = Table(
-        title=f"replicas (policy version {status['policy_version']}, dead letters {status['dlq_count']})"
+        title=f"replicas (policy version {status['policy_version']}, "
+        f"dead letters {status['dlq_count']})"
     )
     for column in ("replica", "address", "backend", "healthy", "version"):
         reps.add_column(column)

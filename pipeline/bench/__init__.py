@@ -1,1 +1,3 @@
-"""Benchmarks: each prints one JSON object and compares against a baseline measured in the same run."""
+"""Benchmarks: each prints one JSON object and compares against a baseline measured in the
+same run.
+"""

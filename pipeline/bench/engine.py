@@ -3,8 +3,9 @@
 `run(model_dir, concurrency, max_tokens, prompt_len)` builds one in-process engine, sends
 `concurrency` distinct prompts (seeded, `ignore_eos`, so both passes generate exactly the same
 number of tokens) one after another and all at once, twice each in ABBA order, and reports the
-best generated tokens per second of each mode and their ratio. The prefix cache is disabled so the second pass does not profit
-from the first. Continuous batching should give `ratio` ≥ 4 at concurrency 16 on CPU.
+best generated tokens per second of each mode and their ratio. The prefix cache is disabled
+so the second pass does not profit from the first. Continuous batching should give `ratio` ≥ 4
+at concurrency 16 on CPU.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ def run(
     """Measure acquire+release pairs per second; returns the best of `repeats` runs.
 
     Keys: `ops_per_s` (wall clock, best run), `cpu_ops_per_s` (process CPU time, which other
-    load on a shared machine disturbs less), `ns_per_op`, `sticky_hit_rate`, `max_imbalance` (max - min of the
-    requests routed per replica, over all ops, as a fraction of the mean) and every setting.
+    load on a shared machine disturbs less), `ns_per_op`, `sticky_hit_rate`, `max_imbalance`
+    (max - min of the requests routed per replica, over all ops, as a fraction of the mean) and
+    every setting.
     """
     if replicas < 1 or ids < 1 or ops < 1 or window < 0 or not 0.0 <= sticky_fraction <= 1.0:
         raise ValueError("replicas, ids, ops >= 1; window >= 0; 0 <= sticky_fraction <= 1")

@@ -110,7 +110,8 @@ def main_with(args: argparse.Namespace) -> int:
     for reason, count in report["stale_reasons"].items():
         print(f"  stale {count:5d} samples: {reason}")
     print(
-        f"stale share: {100 * report['stale_share']:.1f}% (at most {100 * opts.max_stale_share:.0f}%)"
+        f"stale share: {100 * report['stale_share']:.1f}% "
+        f"(at most {100 * opts.max_stale_share:.0f}%)"
     )
     print(f"run: {report['run_dir']} ({report['wall_s']} s)")
     print(report["table"])

@@ -107,5 +107,6 @@ def test_kill_9_mid_run_loses_nothing(
         assert len(attempts) == len(set(attempts)), "a duplicate must carry a new attempt_id"
     assert second.returncode == 0, log.read_text()[-3000:]
     print(
-        f"finished before the kill: {done_before}; redone after: {sum(len(a) - 1 for a in finals.values())}"
+        f"finished before the kill: {done_before}; "
+        f"redone after: {sum(len(a) - 1 for a in finals.values())}"
     )

@@ -19,6 +19,7 @@ def test_bench_serialization_prints_one_json_object() -> None:
     for key in ("ratio", "bytes_per_token", "packed_events_per_s", "baseline_events_per_s"):
         assert key in result
     assert result["tokens"] == 4096
-    # Size is deterministic: ids + logprobs as packed base64 are 32/3 bytes per token, plus the envelope.
+    # Size is deterministic: ids + logprobs as packed base64 are 32/3 bytes per token, plus the
+    # envelope.
     assert 32 / 3 <= result["bytes_per_token"] <= 11
     assert result["baseline_bytes_per_token"] > result["bytes_per_token"]

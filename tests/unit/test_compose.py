@@ -69,7 +69,8 @@ METRICS_PORT = 9400
 
 #: The metric names the dashboard may use: exactly what the processes export.
 METRICS = frozenset(NAMES)
-#: Shown on the dashboard; the rest (replica queue gauges, the replica's version) are for ad-hoc use.
+#: Shown on the dashboard; the rest (replica queue gauges, the replica's version) are for
+#: ad-hoc use.
 SHOWN = METRICS - {
     "rollout_replica_running_requests",
     "rollout_replica_waiting_requests",

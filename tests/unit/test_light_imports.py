@@ -8,8 +8,8 @@ import sys
 
 def test_light_modules_do_not_import_heavy_ones() -> None:
     code = (
-        "import sys, schemas, pipeline.config, pipeline.cli, pipeline.clients, workers.kafka.config,"
-        " workers.llm.contract;"
+        "import sys, schemas, pipeline.config, pipeline.cli, pipeline.clients,"
+        " workers.kafka.config, workers.llm.contract;"
         "heavy = [m for m in ('torch', 'vllm', 'transformers', 'ray') if m in sys.modules];"
         "print(','.join(heavy))"
     )

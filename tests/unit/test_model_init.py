@@ -1,4 +1,6 @@
-"""The project's tiny model: deterministic weights, a hub-like directory, the tokenizer's contract."""
+"""The project's tiny model: deterministic weights, a hub-like directory, the tokenizer's
+contract.
+"""
 
 from __future__ import annotations
 

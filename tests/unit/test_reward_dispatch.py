@@ -240,7 +240,8 @@ def test_custom_that_does_not_import_fails_at_start() -> None:
 def test_config_imports_light() -> None:
     code = (
         "import sys, workers.reward, workers.reward.config;"
-        "print(','.join(m for m in ('torch', 'transformers', 'aiokafka', 'kafka', 'math_verify') if m in sys.modules))"
+        "print(','.join(m for m in ('torch', 'transformers', 'aiokafka', 'kafka', 'math_verify')"
+        " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

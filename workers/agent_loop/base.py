@@ -104,7 +104,8 @@ class AgentLoopBase(ABC):
         ids = list(ids)
         if len(ids) > self.ctx.max_prompt_length:
             raise AgentLoopError(
-                f"prompt has {len(ids)} tokens, over max_prompt_length={self.ctx.max_prompt_length}",
+                f"prompt has {len(ids)} tokens, "
+                f"over max_prompt_length={self.ctx.max_prompt_length}",
                 cause="prompt_too_long",
             )
         return ids

@@ -253,7 +253,8 @@ class ToolAgentLoop(AgentLoopBase):
         if tool is None:
             data.tool_errors += 1
             return (
-                f"Error: unknown tool {call.name!r}; available: {', '.join(sorted(data.tools)) or 'none'}",
+                f"Error: unknown tool {call.name!r}; "
+                f"available: {', '.join(sorted(data.tools)) or 'none'}",
                 None,
             )
         timeout = float(self.ctx.options.get("tool_timeout_s", 60.0))

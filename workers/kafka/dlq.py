@@ -39,7 +39,7 @@ class DeadLetterQueue:
     def send(
         self, record: Any, exc: BaseException, *, cause: str | None = None
     ) -> FutureRecordMetadata:
-        """Dead-letter a consumed record (anything with topic/partition/offset/key/value/headers)."""
+        """Dead-letter a consumed record: anything with topic/partition/offset/key/value/headers."""
         return self.send_letter(DeadLetter.of_record(self.stage, record, exc, cause=cause))
 
     def send_letter(self, letter: DeadLetter) -> FutureRecordMetadata:

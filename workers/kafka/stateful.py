@@ -1,4 +1,5 @@
-"""A consumer-group stage with a changelogged table, on plain aiokafka: `StageLoop`, `ChangelogTable`.
+"""A consumer-group stage with a changelogged table, on plain aiokafka: `StageLoop`,
+`ChangelogTable`.
 
 The reward and replay stages are both "consume a partitioned topic, fold records into keyed
 state, produce outputs": per partition, state that must survive a crash and move with the

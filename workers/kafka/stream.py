@@ -76,7 +76,8 @@ class EventStream:
                     if self.kinds is not None and not isinstance(event, self.kinds):
                         wanted = ", ".join(k.__name__ for k in self.kinds)
                         raise DecodeError(
-                            f"{type(event).__name__} does not belong on {record.topic} (expected {wanted})",
+                            f"{type(event).__name__} does not belong on {record.topic} "
+                            f"(expected {wanted})",
                             cause="wrong_kind",
                         )
                 except DecodeError as exc:

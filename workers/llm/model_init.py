@@ -71,17 +71,25 @@ PRESETS: dict[str, dict[str, int]] = {
     },
 }
 
+# A backslash at a line's end continues the line: the template's text has no line break there.
 CHAT_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}
-{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}\
+{{- 'You are a helpful assistant.' }}{%- endif %}
+{{- '\\n\\n# Tools\\n\\n\
+You may call one or more functions to assist with the user query.\\n\\n\
+You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{{- '\\n</tools>\\n\\n\
+For each function call, return a json object with function name and arguments within\
+ <tool_call></tool_call> XML tags:\\n<tool_call>\\n\
+{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first)\
+ or (message.role == 'assistant' and not message.tool_calls) %}
 {{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}
 {%- elif message.role == 'assistant' %}
 {{- '<|im_start|>assistant' }}
@@ -89,12 +97,14 @@ CHAT_TEMPLATE = """{%- if tools %}
 {%- for tool_call in message.tool_calls %}
 {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
 {{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
-{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
+{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}\
+{{- tool_call.arguments | tojson }}{%- endif %}
 {{- '}\\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\\n' }}
 {%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}\
+{%- endif %}
 {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
 {%- endif %}

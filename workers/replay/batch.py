@@ -5,16 +5,17 @@
 1. decodes each sample (undecodable, wrong kind or key ≠ uid → `rl.dlq`) and adds it to its
    group (`state` has the table layout); a sample index already in the group is a duplicate,
    a new one arriving after its group was finished is counted as late;
-2. sweeps the open groups of the owned partitions: EMITTING ones (left by a crash) are looked up on their output partition
-   (`ledger`): found → DONE, missing → judged again; complete ones, and those past
-   `group_timeout_s` since their first sample, are judged (`groups.judge`: partial policy,
-   staleness against the latest `rl.policy` version, zero variance, advantages);
+2. sweeps the open groups of the owned partitions: EMITTING ones (left by a crash) are looked
+   up on their output partition (`ledger`): found → DONE, missing → judged again; complete
+   ones, and those past `group_timeout_s` since their first sample, are judged
+   (`groups.judge`: partial policy, staleness against the latest `rl.policy` version, zero
+   variance, advantages);
 3. persists new samples, then changed headers and an EMITTING marker per judged group (holding
    its output partition's end offset), and awaits the broker's acknowledgements;
 4. produces each group to `rl.replay`, or to `rl.stale` with header `rl.stale.reason`
-   (`schemas.stale`: `stale`, `zero_variance`, `timeout`: every finished prompt lands on one of the two, so
-   the trainer's admission accounting can count dropped prompts too), and dead letters to
-   `rl.dlq`, and awaits every acknowledgement;
+   (`schemas.stale`: `stale`, `zero_variance`, `timeout`: every finished prompt lands on one
+   of the two, so the trainer's admission accounting can count dropped prompts too), and dead
+   letters to `rl.dlq`, and awaits every acknowledgement;
 5. deletes the finished groups' samples and marks them DONE (changelog writes, not awaited:
    a lost one leaves EMITTING, which step 2 resolves).
 

@@ -1,9 +1,10 @@
 """`PolicyTracker`: the latest policy version, read from the compacted `rl.policy` topic.
 
-The tracker reads every partition of the topic from the beginning (`workers.kafka.follow`), keeps the maximum
-`PolicyVersion.version` seen (0 before the trainer publishes anything), and follows the topic
-in a background task. `start()` returns only after it has read up to the end offsets it found,
-so the first group judged after a (re)start already sees the latest published version.
+The tracker reads every partition of the topic from the beginning (`workers.kafka.follow`),
+keeps the maximum `PolicyVersion.version` seen (0 before the trainer publishes anything), and
+follows the topic in a background task. `start()` returns only after it has read up to the
+end offsets it found, so the first group judged after a (re)start already sees the latest
+published version.
 
 Values that are not a `PolicyVersion` (and tombstones) are counted and logged, not
 dead-lettered: every replay worker re-reads the whole topic on every start, so dead-lettering

@@ -118,8 +118,9 @@ class RewardStage:
         await self.ledger.start(self.producer)
         if self.ledger.partition_count > MAX_OUTPUT_PARTITIONS:
             raise RewardError(
-                f"{self.scored_topic} has {self.ledger.partition_count} partitions; the reward stage's"
-                f" recovery point (offset commit metadata) holds at most {MAX_OUTPUT_PARTITIONS}"
+                f"{self.scored_topic} has {self.ledger.partition_count} partitions; "
+                f"the reward stage's recovery point (offset commit metadata) holds at most "
+                f"{MAX_OUTPUT_PARTITIONS}"
             )
         if self._needs_pool():
             self.pool = ScorerPool(self.config.pool_workers)

@@ -11,9 +11,9 @@ Order (decided once per stage by `RewardConfig.scorer_kind`):
 
 The response is decoded with the tokenizer (`skip_special_tokens=True`), tool and user tokens
 included, as verl's reward managers do: whole for every scorer but gsm8k, which reads only the
-last 300 characters and gets a decoded tail that holds them. `score_batch` never raises for one item:
-each item yields a `Score` or the `RewardError` that stopped it, and the caller applies the
-failure policy. Items of a batch are scored concurrently.
+last 300 characters and gets a decoded tail that holds them. `score_batch` never raises for one
+item: each item yields a `Score` or the `RewardError` that stopped it, and the caller applies
+the failure policy. Items of a batch are scored concurrently.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `Sandbox.run_python(code)` writes the program into a fresh scratch directory and starts
 
-    unshare --net --pid --mount --ipc --uts --fork --kill-child --mount-proc [--user --map-root-user]
+    unshare --net --pid --mount --ipc --uts --fork --kill-child --mount-proc
+            [--user --map-root-user]
         python -I -S sandbox_child.py SPEC      (pid 1: mounts, then reaps; see sandbox_child)
             └── (limits, uid drop) execve(python -I -S -B main.py)
 
@@ -13,8 +14,9 @@ byte cap. Defences, and what each does *not* cover:
   127.0.0.1 and DNS) fails. Unix sockets reachable by *path* are not covered by this (they are
   by the read-only mounts and the unprivileged uid for sockets that need write permission).
 - processes: pid namespace (when the program exits or is killed, its init leaves and the
-  kernel kills every process left behind, also ones that called `setsid`), `RLIMIT_NPROC` for a per-run uid
-  (root mode; counts threads too), and a wall-time limit that SIGKILLs the process group.
+  kernel kills every process left behind, also ones that called `setsid`), `RLIMIT_NPROC` for
+  a per-run uid (root mode; counts threads too), and a wall-time limit that SIGKILLs the
+  process group.
   As root, `RLIMIT_NPROC` alone is *not* enforced: the uid drop is what makes it real.
 - privileges: root mode runs the program as a per-run unprivileged uid/gid (random in
   `[uid_base, uid_base + uid_range)`, which must be unused on the host; two workers on one

@@ -2,7 +2,8 @@
 
 RolloutError                        (schemas.errors)
 └── BackendError                    anything a replica backend raises on purpose (server side;
-    │                               the client's view of a failing replica is workers.llm.exceptions.ReplicaError)
+    │                               the client's view of a failing replica is
+    │                               workers.llm.exceptions.ReplicaError)
     ├── BackendUnavailableError     unknown backend name, or its module failed to import
     ├── InvalidRequestError         a request the replica will not serve (→ HTTP 400)
     ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
