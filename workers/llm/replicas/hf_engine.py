@@ -355,15 +355,19 @@ class HFEngine:
             seq.append(tok, lp, self._eos, self.max_model_len)
 
     def _retire(self, indices: list[int]) -> None:
-        """Take these rows out of the batch, keep their KV for reuse, deliver their results."""
+        """Take these rows out of the batch, keep their KV for reuse, deliver their results.
+
+        Delivered last: the caller's response reports `running` (the load header), which must
+        no longer count the request it answers."""
         gone = set(indices)
-        for i in indices:
-            seq = self._rows[i]
+        finished = [self._rows[i] for i in indices]
+        for i, seq in zip(indices, finished, strict=True):
             self._prefix.insert(seq.prompt + seq.out[:-1], self._batch.row_kv(i))
-            seq.deliver()
         keep = [i for i in range(len(self._rows)) if i not in gone]
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]
+        for seq in finished:
+            seq.deliver()
 
     def _abort_where(self, pred: Callable[[EngineSequence], bool]) -> list[EngineSequence]:
         """Abort matching running and queued sequences (engine thread only)."""
