@@ -77,6 +77,8 @@ NAMES = (
     "rollout_replica_prefix_cache_hits_total",
     "rollout_replica_prefix_cache_hit_rate",
     "rollout_replica_policy_version",
+    "rollout_replica_load",
+    "rollout_replica_capacity",
 )
 
 
@@ -244,12 +246,16 @@ def replica_families(
     prefix_cache_queries: float,
     prefix_cache_hits: float,
     policy_version: float,
+    load: float | None = None,
+    capacity: float | None = None,
 ) -> list[Metric]:
     """The replica contract's `rollout_replica_*{replica}` families, for one scrape.
 
     Every backend renders these (from its engine's live counters), so the names and the
     derived values (in flight = running + waiting; hit rate = hits / queries, 0 before any
-    query) are the same whatever serves the model.
+    query) are the same whatever serves the model. `load` is what the replica reports to the
+    balancers (`X-Rollout-Load`; default running + waiting), `capacity` the requests it runs at
+    once (`X-Rollout-Capacity`; the family is left out when None: unknown).
     """
     labels = [replica_id]
 
@@ -260,7 +266,7 @@ def replica_families(
 
     rate = prefix_cache_hits / prefix_cache_queries if prefix_cache_queries else 0.0
     g, c = GaugeMetricFamily, CounterMetricFamily
-    return [
+    families = [
         family(g, "rollout_replica_in_flight", "Requests running or waiting.", running + waiting),
         family(g, "rollout_replica_running_requests", "Requests in the running batch.", running),
         family(g, "rollout_replica_waiting_requests", "Requests queued or paused.", waiting),
@@ -281,4 +287,15 @@ def replica_families(
         family(
             g, "rollout_replica_policy_version", "Version of the served weights.", policy_version
         ),
+        family(
+            g,
+            "rollout_replica_load",
+            "Running + waiting requests, as reported to balancers.",
+            running + waiting if load is None else load,
+        ),
     ]
+    if capacity is not None:  # unknown: left out, never a made-up 0
+        families.append(
+            family(g, "rollout_replica_capacity", "Requests the replica runs at once.", capacity)
+        )
+    return families

@@ -28,6 +28,7 @@ from workers.llm.replicas.local import wait_healthy  # noqa: E402
 pytestmark = pytest.mark.slow
 
 START_VERSION = 3
+MAX_BATCH = 3  # the replica's capacity: the tests run at most this many requests at once
 PROMPT = [1, *range(40, 90), 2]
 
 
@@ -44,7 +45,7 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "workers.llm.replicas.hf", "--model", str(models["a"])]
     cmd += ["--port", str(port), "--replica-id", "t0", "--version", str(START_VERSION)]
-    cmd += ["--threads", "1"]
+    cmd += ["--threads", "1", "--max-batch", str(MAX_BATCH)]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -168,6 +169,48 @@ async def test_bad_requests_get_4xx_and_the_server_keeps_serving(server: str, ht
     assert (await call(http, server, "GET", "/health"))[1]["version"] != 99
     body = await complete(http, server, max_tokens=3, ignore_eos=True)
     assert len(body["choices"][0]["token_ids"]) == 3
+
+
+async def test_every_response_reports_load_and_capacity(server: str, http: Any) -> None:
+    """What the balancers rank by: running + waiting, not counting the answered request, and
+    the batch limit, on every response, in /health and at /metrics."""
+    from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
+
+    async def reported() -> tuple[int, int, dict[str, float]]:
+        health = (await call(http, server, "GET", "/health"))[1]
+        text = (await call(http, server, "GET", "/metrics"))[1]
+        metrics = {
+            line.split("{")[0]: float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith(("rollout_replica_load", "rollout_replica_capacity"))
+        }
+        return health["load"], health["capacity"], metrics
+
+    assert (await reported())[:2] == (0, MAX_BATCH)
+    ids = [f"load-{i}" for i in range(MAX_BATCH + 1)]
+    tasks = [long_request(http, server, ids[0]), long_request(http, server, ids[1])]
+    try:
+        await wait_running(http, server, 2)
+        body = {"prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}
+        async with http.post(server + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            # the two long ones; the short one has left the batch when its answer is written
+            assert resp.headers[LOAD_HEADER] == "2"
+            assert resp.headers[CAPACITY_HEADER] == str(MAX_BATCH)
+        tasks += [long_request(http, server, i) for i in ids[2:]]
+        await wait_running(http, server, MAX_BATCH)
+        for _ in range(100):  # the last one waits: the batch is full
+            if (await call(http, server, "GET", "/info"))[1]["waiting"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        load, capacity, metrics = await reported()
+        assert (load, capacity) == (MAX_BATCH + 1, MAX_BATCH)
+        assert metrics == {"rollout_replica_load": MAX_BATCH + 1,
+                           "rollout_replica_capacity": MAX_BATCH}  # fmt: skip
+    finally:
+        await call(http, server, "POST", "/abort_requests", {"request_ids": ids})
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert (await reported())[0] == 0
 
 
 async def test_abort_returns_partial_tokens(server: str, http: Any) -> None:

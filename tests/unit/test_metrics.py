@@ -138,6 +138,7 @@ def test_every_name_in_the_contract_is_rendered_somewhere() -> None:
         prefix_cache_queries=0,
         prefix_cache_hits=0,
         policy_version=0,
+        capacity=1,
     )
     rendered = {
         s.name
@@ -158,6 +159,11 @@ def test_replica_families_derive_in_flight_and_hit_rate() -> None:
     base = {"generated_tokens": 9.0, "policy_version": 3.0}
     v = values(running=2, waiting=3, prefix_cache_queries=200, prefix_cache_hits=50, **base)
     assert v["rollout_replica_in_flight"] == 5
+    assert v["rollout_replica_load"] == 5  # what the balancers see, running + waiting by default
+    assert "rollout_replica_capacity" not in v  # unknown: left out, never a made-up 0
+    told = values(running=2, waiting=3, prefix_cache_queries=0, prefix_cache_hits=0,
+                  load=7, capacity=16, **base)  # fmt: skip
+    assert (told["rollout_replica_load"], told["rollout_replica_capacity"]) == (7, 16)
     assert v["rollout_replica_prefix_cache_hit_rate"] == 0.25
     assert v["rollout_replica_prefix_cache_queries_total"] == 200
     assert v["rollout_replica_prefix_cache_hits_total"] == 50

@@ -309,6 +309,7 @@ def test_contract_metrics_text() -> None:
         "rollout_replica_prefix_cache_hits_total": 512.0,
         "rollout_replica_policy_version": 7.0,
         "rollout_replica_in_flight": 6.0,
+        "rollout_replica_load": 6.0,
         "rollout_replica_prefix_cache_hit_rate": 0.512,
     }
     assert {k: s.value for k, s in samples.items()} == expected

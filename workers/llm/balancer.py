@@ -15,14 +15,13 @@ Routing rule, in order:
        order), which is stable across processes; Python's `hash()` is salted per process and is
        never used. Otherwise a rotating counter spreads ties round-robin.
 
-    `routing="load"` (load-aware) keeps 1 and replaces 2 by the least *load*: the load the
-    replica last reported (running + waiting requests, from every response's `X-Rollout-Load`
-    header and from /health, `report`/`release(load=...)`) plus the requests this balancer sent
-    it since that report. Several worker processes then see each other's load through the
-    replica. A replica with no report younger than `load_ttl_s` is *unknown*, not idle: its
-    load counts as its own in-flight plus the highest load the fresh replicas reported, so it
-    is never preferred for being silent, yet still shares the work of busy ones; when every replica is unknown this is plain least
-    in-flight. Ties as in 3. Cost: O(replicas) per acquire (the default mode stays O(1)).
+    `routing="load"` (load-aware) keeps 1 and replaces 2 by the least *fill*: the load each
+    replica last reported (running + waiting, from every response's `X-Rollout-Load` header and
+    from /health: `report`/`release(load=..., capacity=...)`) plus the requests this balancer
+    sent it since, over the requests it runs at once (`X-Rollout-Capacity`). Several worker
+    processes then see each other's load through the replica. Silent replicas are unknown, not
+    idle; unknown capacities are taken as the smallest known (`workers.llm.fill`, the rule in
+    full). Ties as in 3. Cost: O(replicas) per acquire (the default mode stays O(1)).
 
     `routing="round_robin"` replaces all three with plain rotation over the routable replicas
     (in replica-id order), ignoring ids and loads and never touching the sticky LRU. It exists
@@ -46,6 +45,7 @@ from collections.abc import Iterable
 from typing import Literal, get_args
 
 from workers.llm.exceptions import NoReplicaError
+from workers.llm.fill import fills
 
 __all__ = ["Balancer", "Replica", "Routing", "stable_hash"]
 
@@ -69,8 +69,8 @@ class Replica:
     """
 
     __slots__ = (
-        "_inflight", "_slot", "address", "healthy", "load", "load_at", "replica_id", "since",
-        "version",
+        "_inflight", "_slot", "address", "capacity", "healthy", "load", "load_at", "replica_id",
+        "since", "version",
     )  # fmt: skip
 
     def __init__(self, replica_id: str, address: str, version: int = 0) -> None:
@@ -83,6 +83,7 @@ class Replica:
         self.load = -1  # running + waiting the replica last reported; -1: never reported
         self.load_at = 0.0  # time.monotonic() of that report
         self.since = 0  # requests this balancer sent it since that report (routing="load")
+        self.capacity = 0  # requests it runs at once, as it last reported; 0: never reported
 
     @property
     def routable(self) -> bool:
@@ -190,15 +191,22 @@ class Balancer:
             sticky.popitem(last=False)
         return rep
 
-    def release(self, replica: Replica, request_id: str = "", load: int | None = None) -> None:
+    def release(
+        self,
+        replica: Replica,
+        request_id: str = "",
+        load: int | None = None,
+        capacity: int | None = None,
+    ) -> None:
         """Count one request of `replica` as finished (whether it succeeded or not).
 
         `request_id` is accepted for symmetry with `acquire` and for debugging; the sticky entry
-        is kept, so the next turn of the same session returns to the same replica. `load`: the
-        load the replica reported on this request's response (`report`, in the same step).
+        is kept, so the next turn of the same session returns to the same replica. `load` and
+        `capacity`: what the replica reported on this request's response (`report`, in the
+        same step).
         """
         if load is not None:
-            self.report(replica, load)
+            self.report(replica, load, capacity)
         elif replica.since:
             replica.since -= 1  # no report: this one may have been among those sent since
         slot = replica._slot
@@ -215,9 +223,12 @@ class Balancer:
         elif replica._inflight > 0:
             replica._inflight -= 1
 
-    def report(self, replica: Replica, load: int) -> None:
-        """The replica's own count of running + waiting requests, just received."""
+    def report(self, replica: Replica, load: int, capacity: int | None = None) -> None:
+        """The replica's own count of running + waiting requests, just received, and the
+        requests it runs at once when it said (a capacity, once reported, stays until the next)."""
         replica.load, replica.load_at, replica.since = max(0, int(load)), time.monotonic(), 0
+        if capacity is not None and capacity > 0:
+            replica.capacity = int(capacity)
 
     def _by_load(self, request_id: str) -> Replica:
         """`routing="load"`: sticky, else least reported load (see the module docstring)."""
@@ -232,13 +243,7 @@ class Balancer:
         routable = self._routable
         if not routable:
             raise NoReplicaError("no routable replica")
-        oldest = time.monotonic() - self.load_ttl_s
-        fresh = [r.load >= 0 and r.load_at >= oldest for r in routable]
-        floor = max((r.load for r, f in zip(routable, fresh, strict=True) if f), default=0)
-        scores = [
-            r.load + r.since if f else self._inflight[i] + floor
-            for i, (r, f) in enumerate(zip(routable, fresh, strict=True))
-        ]
+        scores = self.fills()
         low = min(scores)
         tied = [i for i, score in enumerate(scores) if score == low]
         if len(tied) == 1:
@@ -254,6 +259,10 @@ class Balancer:
         if len(sticky) > self.sticky_size:
             sticky.popitem(last=False)
         return rep
+
+    def fills(self) -> list[float]:
+        """`routing="load"`'s rank of each routable replica, lowest first (`workers.llm.fill`)."""
+        return fills(self._routable, self._inflight, time.monotonic() - self.load_ttl_s)
 
     def _take(self, slot: int) -> None:
         """One more request in flight on `slot` (and since its replica's report)."""
@@ -369,6 +378,7 @@ class Balancer:
             "sticky_entries": len(self._sticky),
             "inflight": {r.replica_id: self.inflight(r) for r in self.replicas()},
             "reported_load": {r.replica_id: r.load for r in self.replicas()},
+            "reported_capacity": {r.replica_id: r.capacity for r in self.replicas()},
         }
 
     # ---- internals -------------------------------------------------------------------------

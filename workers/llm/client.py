@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from workers.llm.balancer import Balancer, Replica
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import (
+    CAPACITY_HEADER,
     LOAD_HEADER,
     CompletionChoice,
     CompletionResponse,
@@ -148,7 +149,8 @@ class LLMClient:
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._loads: dict[str, int] = {}  # request id -> load reported on its last response
+        # request id -> (load, capacity) reported on its last response (capacity None: unsaid)
+        self._loads: dict[str, tuple[int, int | None]] = {}
         self._routable = asyncio.Event()
         self.health = HealthChecker(
             self.balancer,
@@ -313,7 +315,8 @@ class LLMClient:
                     continue
             finally:
                 # with the load the replica reported on this response, if it made one
-                self.balancer.release(rep, request_id, load=self._loads.pop(request_id, None))
+                load, capacity = self._loads.pop(request_id, (None, None))
+                self.balancer.release(rep, request_id, load=load, capacity=capacity)
             if failures > cfg.max_retries:
                 raise RetriesExhaustedError(
                     f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
@@ -353,7 +356,8 @@ class LLMClient:
         self, rep: Replica, body: dict[str, Any], time_left: float
     ) -> tuple[int, CompletionChoice]:
         """One HTTP request; maps every transport problem onto the exception tree. The load the
-        replica reported (`LOAD_HEADER`) waits in `_loads` for the request's `release`."""
+        replica reported (`LOAD_HEADER`, `CAPACITY_HEADER`) waits in `_loads` for the request's
+        `release`."""
         assert self._session is not None
         cfg = self.config
         timeout = aiohttp.ClientTimeout(
@@ -371,6 +375,7 @@ class LLMClient:
                 raw = await resp.read()
                 status = resp.status
                 reported = resp.headers.get(LOAD_HEADER, "")
+                capacity = resp.headers.get(CAPACITY_HEADER, "")
         except TimeoutError as exc:
             self._abort_soon(rep, rid)
             raise ReplicaTimeoutError(
@@ -387,7 +392,10 @@ class LLMClient:
             try:
                 out = CompletionResponse.model_validate_json(raw)
                 if reported.isdigit():
-                    self._loads[rid] = int(reported)
+                    self._loads[rid] = (
+                        int(reported),
+                        int(capacity) if capacity.isdigit() else None,
+                    )
                 return out.policy_version, out.choices[0]
             except (ValidationError, IndexError) as exc:
                 raise ReplicaServerError(

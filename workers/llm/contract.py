@@ -9,7 +9,7 @@ out. OpenAI's shape where OpenAI has a word for it, vLLM's names elsewhere:
     POST /resume                                           let waiting requests run
     GET  /is_paused        {"is_paused": bool}
     POST /update_weights   UpdateWeightsRequest            pause, load, set version, resume
-    GET  /health           {"status": "ok", "version": int}
+    GET  /health           {"status": "ok", "version": int, "load": int, "capacity": int}
     GET  /info             ReplicaStatus
     GET  /metrics          Prometheus text (rollout_replica_* names, label replica)
     GET  /v1/models
@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "CAPACITY_HEADER",
     "LOAD_HEADER",
     "CompletionChoice",
     "CompletionRequest",
@@ -40,7 +41,14 @@ FinishReason = Literal["stop", "length", "abort"]
 
 LOAD_HEADER = "X-Rollout-Load"
 """Response header of every replica response: its running + waiting requests (an integer) when
-the response was written, not counting the request answered. Also `load` in `/health`."""
+the response was written, not counting the request answered. Also `load` in `/health` and
+`rollout_replica_load` at `/metrics`."""
+
+CAPACITY_HEADER = "X-Rollout-Capacity"
+"""Response header of every replica response beside `LOAD_HEADER`: how many requests the replica
+runs at once (an integer ≥ 1: the hf engine's batch limit, vLLM's `max_num_seqs` × its
+data-parallel size); absent when the replica does not know. Also `capacity` in `/health` and
+`rollout_replica_capacity` at `/metrics`. The balancer ranks by load / capacity."""
 
 
 class SamplingParams(BaseModel):

@@ -70,7 +70,8 @@ class HealthChecker:
         if isinstance(data.get("version"), int):
             rep.version = data["version"]
         if isinstance(data.get("load"), int):  # keeps the load fresh between responses
-            self.balancer.report(rep, data["load"])
+            capacity = data.get("capacity")
+            self.balancer.report(rep, data["load"], capacity if isinstance(capacity, int) else None)
         return True
 
     async def check_after_failure(self, rep: Replica) -> None:

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from pydantic import ValidationError
 
 from workers.llm.contract import (
+    CAPACITY_HEADER,
     LOAD_HEADER,
     CompletionChoice,
     CompletionRequest,
@@ -76,18 +77,15 @@ class _EngineCollector:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits,
             policy_version=e.version,
+            load=float(_load(e)),  # what the balancers rank by, over `capacity`
+            capacity=float(e.config.max_batch),
         )
-        # What the balancers rank by (also the `LOAD_HEADER` of every response), and how many
-        # completions this replica answered (`rollout bench routing` counts them per replica).
-        load = GaugeMetricFamily(
-            "rollout_replica_load", "Running + waiting requests.", labels=["replica"]
-        )
-        load.add_metric([self.replica], float(_load(e)))
+        # How many completions this replica answered (`rollout bench routing` counts them).
         done = CounterMetricFamily(
             "rollout_replica_completions", "Completions answered.", labels=["replica"]
         )
         done.add_metric([self.replica], float(self.state.get("completions", 0)))
-        yield from (load, done)
+        yield done
 
 
 def _error(status: int, message: str, kind: str, version: int) -> web.Response:
@@ -198,7 +196,8 @@ async def _update_weights(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
-    return _ok(request, {"status": "ok", "version": engine.version, "load": _load(engine)})
+    body = {"status": "ok", "version": engine.version, "load": _load(engine)}
+    return _ok(request, body | {"capacity": engine.config.max_batch})
 
 
 def _load(engine: HFEngine) -> int:
@@ -206,9 +205,12 @@ def _load(engine: HFEngine) -> int:
 
 
 async def _report_load(request: web.Request, response: web.StreamResponse) -> None:
-    """Every response carries the replica's load (`LOAD_HEADER`); an answered completion's
-    sequence has left the engine by then, so it is not counted."""
-    response.headers[LOAD_HEADER] = str(_load(_engine(request)))
+    """Every response carries the replica's load (`LOAD_HEADER`; an answered completion's
+    sequence has left the engine by then, so it is not counted) and its batch limit
+    (`CAPACITY_HEADER`: the sequences it runs at once; more wait)."""
+    engine = _engine(request)
+    response.headers[LOAD_HEADER] = str(_load(engine))
+    response.headers[CAPACITY_HEADER] = str(engine.config.max_batch)
 
 
 async def _info(request: web.Request) -> web.Response:
