@@ -62,6 +62,7 @@ class FakeVLLM:
     has_abort: bool = True
     has_pause: bool = True
     has_extension: bool = True
+    has_server_info: bool = True
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = running
     running: dict[str, asyncio.Event] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -81,7 +82,18 @@ class FakeVLLM:
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/server_info", self.server_info)
         return app
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        if not self.has_server_info:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        assert request.query.get("config_format") == "json"
+        config = {
+            "scheduler_config": {"max_num_seqs": 4},
+            "parallel_config": {"data_parallel_size": 2},
+        }
+        return web.json_response({"vllm_config": config, "vllm_env": {}, "system_env": {}})
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -256,7 +268,8 @@ async def test_update_weights_aborts_old_version_then_serves_new(rig: Rig, tmp_p
     status, body = await gen
     assert status == 200
     assert body["choices"][0]["finish_reason"] == "abort" and body["policy_version"] == 3
-    assert (await (await rig.client.get("/health")).json()) == {"status": "ok", "version": 5}
+    health = await (await rig.client.get("/health")).json()
+    assert health == {"status": "ok", "version": 5, "load": 0, "capacity": 8}
     _, body = await rig.complete(max_tokens=2)
     assert body["policy_version"] == 5
     rpcs = [c[1] for c in rig.fake.calls if c[0] == "/collective_rpc"]
@@ -284,6 +297,43 @@ async def test_update_weights_rejects_missing_checkpoint(rig: Rig, tmp_path: Pat
     )
     assert resp.status == 400 and "not found" in (await resp.json())["error"]["message"]
     assert rig.adapter.version == 3 and not rig.adapter.paused
+
+
+async def test_load_counts_requests_in_vllm_and_held_at_the_gate(rig: Rig) -> None:
+    from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
+
+    async def health() -> tuple[int, int]:
+        body = await (await rig.client.get("/health")).json()
+        return body["load"], body["capacity"]
+
+    gen = asyncio.create_task(rig.complete(max_tokens=LONG, request_id="t9"))
+    await rig.until(lambda: rig.fake.running)
+    resp = await rig.client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    # the long one in vLLM; the one answered is not counted; 4 seqs x 2 data-parallel ranks
+    assert (resp.headers[LOAD_HEADER], resp.headers[CAPACITY_HEADER]) == ("1", "8")
+    assert await health() == (1, 8)
+    assert (await rig.client.post("/pause")).status == 200
+    await gen
+    held = asyncio.create_task(rig.complete(max_tokens=2))
+    await rig.until(lambda: rig.adapter._held == 1)
+    assert await health() == (1, 8)  # waiting here, not in vLLM: still load
+    text = await (await rig.client.get("/metrics")).text()
+    assert 'rollout_replica_load{replica="r0"} 1.0' in text
+    assert 'rollout_replica_capacity{replica="r0"} 8.0' in text
+    assert (await rig.client.post("/resume")).status == 200
+    assert (await held)[0] == 200
+    assert await health() == (0, 8)
+
+
+async def test_capacity_is_left_out_where_vllm_does_not_say(rig: Rig) -> None:
+    from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
+
+    rig.fake.has_server_info = False
+    assert await rig.adapter.wait_until_ready(lambda: True, 5.0)
+    resp = await rig.client.get("/health")
+    assert await resp.json() == {"status": "ok", "version": 3, "load": 0}
+    assert resp.headers[LOAD_HEADER] == "0" and CAPACITY_HEADER not in resp.headers
+    assert "rollout_replica_capacity" not in await (await rig.client.get("/metrics")).text()
 
 
 async def test_metrics_and_info(rig: Rig) -> None:

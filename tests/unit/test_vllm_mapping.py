@@ -33,6 +33,7 @@ from workers.llm.replicas.vllm_mapping import (
     VLLMMetrics,
     VLLMUpstreamError,
     aborted_response,
+    capacity_from_server_info,
     engine_request_id,
     from_vllm_completion,
     map_vllm_error,
@@ -314,6 +315,23 @@ def test_contract_metrics_text() -> None:
     }
     assert {k: s.value for k, s in samples.items()} == expected
     assert all(s.labels == {"replica": "gpu0:8000"} for s in samples.values())
+
+
+def test_capacity_is_max_num_seqs_times_data_parallel_ranks() -> None:
+    def info(seqs: object, dp: object = 1) -> dict[str, object]:
+        config = {
+            "scheduler_config": {"max_num_seqs": seqs},
+            "parallel_config": {"data_parallel_size": dp},
+        }
+        return {"vllm_config": config}
+
+    assert capacity_from_server_info(info(128)) == 128
+    assert capacity_from_server_info(info(16, 4)) == 64
+    assert (
+        capacity_from_server_info({"vllm_config": {"scheduler_config": {"max_num_seqs": 8}}}) == 8
+    )
+    for bad in (None, "text", {}, {"vllm_config": "a string"}, info(None), info(0), info(8, "2")):
+        assert capacity_from_server_info(bad) is None
 
 
 # ------------------------------------------------------------------ launcher

@@ -13,6 +13,11 @@ Invariants:
   `drain_timeout_s` after its abort, the upstream HTTP request is cancelled instead (vLLM
   aborts on client disconnect) and the caller gets finish "abort" with no tokens.
 - A failed weight load leaves the replica unhealthy (`/health` 503) until a load succeeds.
+- Load (`LOAD_HEADER` on every response, `load` in /health, `rollout_replica_load`) is the
+  adapter's own count, requests held at its gate + sent to vLLM and not answered: every request
+  passes here, so it is exact and free (vLLM's running/waiting gauges lag a stats interval, cost
+  a round trip and miss the held ones). Capacity (`CAPACITY_HEADER`): vLLM's resolved
+  `max_num_seqs` × data-parallel size, read once at start; not reported where vLLM lacks it.
 """
 
 from __future__ import annotations
@@ -28,10 +33,17 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from workers.llm.contract import CompletionRequest, ReplicaStatus, UpdateWeightsRequest
+from workers.llm.contract import (
+    CAPACITY_HEADER,
+    LOAD_HEADER,
+    CompletionRequest,
+    ReplicaStatus,
+    UpdateWeightsRequest,
+)
 from workers.llm.replicas.vllm_mapping import (
     VLLMUpstreamError,
     aborted_response,
+    capacity_from_server_info,
     engine_request_id,
     from_vllm_completion,
     map_vllm_error,
@@ -88,7 +100,14 @@ class VLLMAdapter:
         self._open.set()
         self._update_lock = asyncio.Lock()
         self._inflight: dict[str, _InFlight] = {}
+        self._held = 0  # requests waiting at the closed gate
+        self.capacity: int | None = None  # requests vLLM runs at once, once known
         self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def load(self) -> int:
+        """Requests in this replica: held at the gate or in vLLM (the module docstring)."""
+        return self._held + len(self._inflight)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024**2)
@@ -102,6 +121,7 @@ class VLLMAdapter:
         app.router.add_get("/info", self.handle_info)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/v1/models", self.handle_models)
+        app.on_response_prepare.append(self._report_load)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -119,8 +139,18 @@ class VLLMAdapter:
         max_len = await self.upstream.wait_healthy(child_alive, timeout_s)
         if max_len is None:
             return False
+        self.capacity = capacity_from_server_info(await self.upstream.server_info())
+        if self.capacity is None:
+            logger.warning("vLLM does not say its max_num_seqs; capacity not reported")
         self.max_model_len, self.ready = max_len, True
         return True
+
+    async def _report_load(self, _request: web.Request, response: web.StreamResponse) -> None:
+        """Every response: the load, not counting the request it answers (it has left
+        `_inflight` by then), and the capacity when known."""
+        response.headers[LOAD_HEADER] = str(self.load)
+        if self.capacity is not None:
+            response.headers[CAPACITY_HEADER] = str(self.capacity)
 
     # ---------------------------------------------------------------- generation
 
@@ -129,8 +159,13 @@ class VLLMAdapter:
             req = CompletionRequest.model_validate(await request.json())
         except ValueError as exc:  # JSON and pydantic validation errors
             return _error(400, str(exc), "invalid_request_error")
-        while not self._open.is_set():
-            await self._open.wait()
+        if not self._open.is_set():
+            self._held += 1
+            try:
+                while not self._open.is_set():
+                    await self._open.wait()
+            finally:
+                self._held -= 1
         # From here to the in-flight registration nothing awaits: a pause either sees this
         # request in flight or held it at the gate.
         version = self.version
@@ -323,7 +358,10 @@ class VLLMAdapter:
         if reason is not None:
             body = {"status": "unavailable", "version": self.version, "reason": reason}
             return web.json_response(body, status=503)
-        return web.json_response({"status": "ok", "version": self.version})
+        body = {"status": "ok", "version": self.version, "load": self.load}
+        if self.capacity is not None:
+            body["capacity"] = self.capacity
+        return web.json_response(body)
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         try:
@@ -331,7 +369,11 @@ class VLLMAdapter:
         except (*UPSTREAM_ERRORS, ValueError) as exc:
             return web.Response(status=503, text=f"vLLM metrics unavailable: {exc}\n")
         payload = render_replica_metrics(
-            metrics, replica_id=self.replica_id, policy_version=self.version
+            metrics,
+            replica_id=self.replica_id,
+            policy_version=self.version,
+            load=self.load,
+            capacity=self.capacity,
         )
         return web.Response(body=payload, content_type="text/plain", charset="utf-8")
 

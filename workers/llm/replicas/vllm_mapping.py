@@ -20,6 +20,10 @@ What vLLM does, and where it was read (vLLM main, 2025-2026):
   `vllm:num_requests_waiting`; counters `vllm:generation_tokens`, `vllm:prefix_cache_queries`,
   `vllm:prefix_cache_hits` (exposed with `_total`; older releases named the cache counters
   `vllm:gpu_prefix_cache_*`), one series per engine (label `engine`), summed here.
+- `GET /server_info?config_format=json` (dev mode, vllm/entrypoints/serve/dev/server_info):
+  `{"vllm_config": {...}}`, the resolved config, where `scheduler_config.max_num_seqs` is what
+  one data-parallel rank runs at once (its default depends on the platform: 128 on CPU) and
+  `parallel_config.data_parallel_size` the ranks behind the one address.
 
 Sampling parameters the contract does not carry (`repetition_penalty`, `min_p`, penalties) are
 sent explicitly as neutral values, so a model's `generation_config.json` defaults can never
@@ -53,6 +57,7 @@ __all__ = [
     "VLLMMetrics",
     "VLLMUpstreamError",
     "aborted_response",
+    "capacity_from_server_info",
     "engine_request_id",
     "from_vllm_completion",
     "map_vllm_error",
@@ -264,8 +269,30 @@ class _Snapshot(Collector):
         return self._families
 
 
-def render_replica_metrics(metrics: VLLMMetrics, *, replica_id: str, policy_version: int) -> bytes:
-    """The contract's `rollout_replica_*` Prometheus text for one scrape."""
+def capacity_from_server_info(info: Any) -> int | None:
+    """Requests the server runs at once (`max_num_seqs` × data-parallel ranks), from its
+    `/server_info` body; None when the body does not say."""
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    if not isinstance(config, dict):
+        return None
+    scheduler, parallel = config.get("scheduler_config"), config.get("parallel_config")
+    seqs = scheduler.get("max_num_seqs") if isinstance(scheduler, dict) else None
+    ranks = parallel.get("data_parallel_size", 1) if isinstance(parallel, dict) else 1
+    if not (isinstance(seqs, int) and isinstance(ranks, int)) or seqs < 1 or ranks < 1:
+        return None
+    return seqs * ranks
+
+
+def render_replica_metrics(
+    metrics: VLLMMetrics,
+    *,
+    replica_id: str,
+    policy_version: int,
+    load: int | None = None,
+    capacity: int | None = None,
+) -> bytes:
+    """The contract's `rollout_replica_*` Prometheus text for one scrape (`load`, `capacity`:
+    what the adapter reports to balancers; `workers.metrics.replica_families`)."""
     families = replica_families(
         replica_id,
         running=metrics.running,
@@ -274,6 +301,8 @@ def render_replica_metrics(metrics: VLLMMetrics, *, replica_id: str, policy_vers
         prefix_cache_queries=metrics.prefix_cache_queries,
         prefix_cache_hits=metrics.prefix_cache_hits,
         policy_version=float(policy_version),
+        load=None if load is None else float(load),
+        capacity=None if capacity is None else float(capacity),
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(families))

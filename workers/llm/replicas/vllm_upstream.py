@@ -5,7 +5,8 @@ answers 404 once is remembered as absent and never called again (`dev` returns N
 the adapter can fall back (older vLLM, or dev mode off). Endpoints used, all under
 `VLLM_SERVER_DEV_MODE=1` except the first three:
 `/health`, `/v1/models`, `/metrics`, `/v1/completions`, `/abort_requests {request_ids}`,
-`/pause?mode=abort`, `/resume`, `/reset_prefix_cache`, `/collective_rpc {method, args, kwargs}`.
+`/pause?mode=abort`, `/resume`, `/reset_prefix_cache`, `/collective_rpc {method, args, kwargs}`,
+`GET /server_info` (the resolved config, read once for the replica's capacity).
 
 Weight reload from disk goes through `collective_rpc` to the project's worker extension
 (`workers.llm.replicas.vllm_worker.WeightSync`, which the launcher always installs):
@@ -33,6 +34,7 @@ logger = logging.getLogger("rollout.replica.vllm")
 
 WEIGHT_SYNC_METHOD = "rollout_load_weights"  # WeightSync's method, called by name
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=30)
+INFO_TIMEOUT = aiohttp.ClientTimeout(total=120)
 SLOW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30)
 UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
@@ -111,6 +113,18 @@ class VLLMUpstream:
         status, models = await self.request("GET", "/v1/models", timeout=CONTROL_TIMEOUT)
         cards = models.get("data", []) if status == 200 and isinstance(models, dict) else []
         return max((int(c.get("max_model_len") or 0) for c in cards), default=0)
+
+    async def server_info(self) -> Any:
+        """vLLM's `/server_info` (JSON config), or None where it is absent or failed. Its
+        first call also gathers vLLM's system report, which takes a few seconds."""
+        try:
+            status, body = await self.request(
+                "GET", "/server_info", params={"config_format": "json"}, timeout=INFO_TIMEOUT
+            )
+        except UPSTREAM_ERRORS as exc:
+            logger.warning("vLLM /server_info failed: %s", exc)
+            return None
+        return body if status == 200 else None
 
     async def healthy(self) -> str | None:
         """None when vLLM answers /health with 200, else why not."""
