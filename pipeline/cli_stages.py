@@ -225,6 +225,12 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
         trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
     if args.nproc:
         trainer_cfg = trainer_cfg.model_copy(update={"nproc": args.nproc})
+    if args.ray is not None and not launched_by_torchrun():  # the driver of N rank actors
+        import sys
+
+        from pipeline.ray_train import train_on_ray
+
+        return train_on_ray(cfg, trainer_cfg, sys.argv[1:], address=args.ray or None)
     if trainer_cfg.nproc > 1 or launched_by_torchrun():
         return _train_sharded(args, cfg, trainer_cfg)
     stop, metrics = _stop_event_on_signals(), _metrics("train", args)
@@ -323,6 +329,15 @@ def add_stage_parsers(sub: Any) -> None:
         default=0,
         metavar="N",
         help="Ranks on this node, FSDP2-sharded via torchrun (trainer.nproc; 1: one process).",
+    )
+    train.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="Run the --nproc ranks as Ray actors, one each (a GPU each on cuda), on the "
+        "cluster at ADDRESS (none: the local one).",
     )
     _add_metrics_port(train)
     train.set_defaults(handler=cmd_train)

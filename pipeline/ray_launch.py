@@ -42,6 +42,7 @@ __all__ = [
     "NAMESPACE",
     "LaunchError",
     "down",
+    "get_within",
     "replica_world_size",
     "stage_resources",
     "up",
@@ -251,7 +252,7 @@ def up(
         # Replicas first: each picks its port on the node Ray placed it on.
         for i in range(replicas):
             started[f"replica-{i}"] = actor(f"replica-{i}")
-        places = _get([started[f"replica-{i}"].where.remote() for i in range(replicas)],
+        places = get_within([started[f"replica-{i}"].where.remote() for i in range(replicas)],
                       start_timeout_s, "placing the replicas")  # fmt: skip
         pending, addresses = [], {}
         for name, argv in plan([place["port"] for place in places]):
@@ -269,7 +270,7 @@ def up(
             else:
                 started[name] = actor(name)
             pending.append(started[name].start.remote(["--config", str(config_path), *argv], env))
-        described = _get(pending, start_timeout_s, "starting the stages")
+        described = get_within(pending, start_timeout_s, "starting the stages")
     except BaseException:
         _stop(started, grace_s=10.0)
         raise
@@ -280,7 +281,8 @@ def up(
     return list(described)
 
 
-def _get(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
+def get_within(refs: list[Any], timeout_s: float, what: str) -> list[Any]:
+    """`ray.get(refs)`, or a LaunchError naming `what` when it takes over `timeout_s`."""
     import ray
     from ray.exceptions import GetTimeoutError
 

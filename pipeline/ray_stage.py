@@ -39,26 +39,36 @@ class StageRunner:
         self.argv: list[str] = []
 
     def where(self) -> dict[str, Any]:
-        """This actor's node and a port free on all its interfaces (for a replica)."""
+        """This actor's node, a port free on all its interfaces (for a replica, or rank 0's
+        rendezvous) and the GPUs Ray granted it (their ids on the node)."""
         import ray
 
         with socket.socket() as sock:
             sock.bind(("0.0.0.0", 0))
             port = int(sock.getsockname()[1])
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "port": port}
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        ip = ray.util.get_node_ip_address()
+        return {"node_id": ctx.get_node_id(), "ip": ip, "port": port, "gpus": gpus}
 
-    def start(self, cli_argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    def start(
+        self, cli_argv: list[str], env: dict[str, str], cwd: str | None = None
+    ) -> dict[str, Any]:
+        """Start the child in `cwd` (default: the checkout; a caller's own directory keeps
+        its relative paths meaning the same), with this checkout importable either way."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.argv = [sys.executable, "-m", "pipeline.ray_child", str(os.getpid()), *cli_argv]
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        paths = [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        child_env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
         with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
                 self.argv,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                cwd=REPO,
+                env=child_env,
+                cwd=cwd or REPO,
                 start_new_session=True,  # its own process group: stop it with its children
             )
         return self.describe()

@@ -1,0 +1,64 @@
+"""`rollout train --nproc 2 --ray ADDRESS`: two trainer ranks as two Ray actors (gloo on CPU),
+against the real broker: rank 0 reads the replay topic and publishes on the policy topic, both
+ranks write their shards of every checkpoint, every group is trained exactly once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+from tests.integration.test_ray_launch import ray_address  # noqa: F401  (the fixture)
+from tests.integration.trainer_helpers import make_groups, policy_versions, produce
+from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.trainer.checkpoint import load_latest
+from workers.trainer.metrics import effective_trajectory_ids
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def test_two_rank_actors_train_every_group_once_and_publish_versions(
+    ray_address: str,  # noqa: F811
+    kafka_config: KafkaConfig,
+    topics_config: TopicsConfig,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    groups = make_groups(tiny_model, 8, prefix="ray")
+    produce(kafka_config, topics_config.name("replay"), groups)
+    ckpt = tmp_path / "ckpt"
+    trainer = {
+        "model_dir": str(tiny_model), "checkpoint_dir": str(ckpt), "train_batch_size": 2,
+        "micro_batch_size": 1, "sync_every": 2, "torch_threads": 1, "poll_timeout_s": 0.2,
+        "group_id": f"trainer-{tmp_path.name}", "idle_timeout_s": 4.0,
+    }  # fmt: skip
+    config = {
+        "kafka": {"bootstrap_servers": kafka_config.bootstrap},
+        "topics": {"prefix": topics_config.prefix},
+        "trainer": trainer,
+    }
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(config))
+
+    done = run_cli(
+        "--config", str(cfg_file), "train", "--nproc", "2", "--ray", ray_address,
+        env={"OMP_NUM_THREADS": "1"}, timeout=300,
+    )  # fmt: skip
+    logs = {p.name: p.read_text()[-2000:] for p in (ckpt / "logs").glob("*.log")}
+    assert done.returncode == 0, (done.stderr[-3000:], logs)
+    assert sorted(logs) == ["train-rank-0.log", "train-rank-1.log"]  # one actor per rank
+
+    result = json.loads(done.stdout.strip().splitlines()[-1])  # rank 0's, relayed
+    assert result["steps"] == 4
+    trained = effective_trajectory_ids(str(ckpt / "metrics.jsonl"))
+    assert sorted(trained) == sorted(s.trajectory_id for g in groups for s in g.samples)
+    versions = [v.version for v in policy_versions(kafka_config, topics_config.name("policy"))]
+    assert versions == [2, 4]
+    final = load_latest(str(ckpt))
+    assert final is not None and final.state.version == 4 and final.state.groups_trained == 8
+    # the distributed checkpoint holds a shard file from each rank
+    shards = sorted(p.name for p in (ckpt / "sharded" / "step-4").glob("*.distcp"))
+    assert len(shards) == 2, shards
