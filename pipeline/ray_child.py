@@ -28,6 +28,9 @@ def child_main(argv: list[str]) -> int:
         return 1
     from pipeline.cli import main
 
+    # What a command re-runs itself with (torchrun, `train --ray`) is sys.argv[1:]: the CLI's
+    # arguments, as in a `rollout` process, not the actor's pid in front of them.
+    sys.argv = [sys.argv[0], *argv[1:]]
     return main(argv[1:])
 
 

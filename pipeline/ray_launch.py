@@ -211,8 +211,13 @@ def up(
     node_gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     world_size = replica_world_size(backend, parallel, replicas, node_gpus)
     replica_gpus = 0 if backend == "hf" else replicas * world_size
+    # trainer.nproc > 1: the train actor is the driver of one actor per rank (`ray_train`),
+    # which ask for the GPUs and CPUs themselves
+    ranks = cfg.trainer.nproc if "train" in stages and cfg.trainer.nproc > 1 else 0
     train_gpus = (
-        trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus) if "train" in stages else 0
+        trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus)
+        if "train" in stages and not ranks
+        else 0
     )
     replica_args = () if backend == "hf" else tuple(
         arg for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
@@ -226,10 +231,12 @@ def up(
                           replica_args=replica_args)  # fmt: skip
 
     def resources(name: str) -> tuple[float, float]:
+        if name == "train" and ranks:
+            return 0.0, 0.0
         return stage_resources(name, backend=backend, world_size=world_size,
                                replica_threads=replica_threads, trainer_gpus=train_gpus)  # fmt: skip
 
-    needed = sum(resources(name)[0] for name, _ in plan([0] * replicas))
+    needed = sum(resources(name)[0] for name, _ in plan([0] * replicas)) + ranks
     have = ray.cluster_resources().get("CPU", 0.0)
     if needed > have:
         _bad(f"the run asks for {needed:g} CPUs and the Ray cluster has {have:g}: "
@@ -268,6 +275,8 @@ def up(
                 node = NodeAffinitySchedulingStrategy(places[int(index)]["node_id"], soft=False)
                 started[name] = actor(name, scheduling_strategy=node)
             else:
+                if kind == "train" and ranks:
+                    argv = [*argv, "--ray", ray.get_runtime_context().gcs_address]
                 started[name] = actor(name)
             pending.append(started[name].start.remote(["--config", str(config_path), *argv], env))
         described = get_within(pending, start_timeout_s, "starting the stages")

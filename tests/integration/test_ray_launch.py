@@ -2,7 +2,8 @@
 
 A Ray instance of this test's own (started in the test process, so it dies with it and no
 other Ray instance on the machine is touched), the real broker, the tiny model on CPU: the
-trainer publishes its versions, the replicas load them, then nothing of the run is left.
+trainer (`trainer.nproc: 2`, so its actor drives one actor per rank, `pipeline.ray_train`)
+publishes its versions, the replicas load them, then nothing of the run is left.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def ray_address():
     ray = pytest.importorskip("ray")
     ctx = ray.init(
         address="local",  # a new instance, never one that already runs here
-        num_cpus=4,  # the run asks for 3: two hf replicas and the trainer
+        num_cpus=4,  # the run asks for 4: two hf replicas and two trainer ranks
         include_dashboard=False,
         object_store_memory=80 * 1024**2,
         log_to_driver=False,
@@ -83,7 +84,9 @@ def test_up_runs_the_pipeline_as_ray_actors_and_down_leaves_nothing(
     run = topics_config.prefix.rstrip(".")
     cfg = pipeline_config(kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, 1)
     config_file = tmp_path / "pipeline.yaml"
-    config_file.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
+    data = cfg.redacted()
+    data["trainer"]["nproc"] = 2
+    config_file.write_text(yaml.safe_dump(data, sort_keys=False))
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(24, seed=7), uid_prefix="ray")
     run_dir = tmp_path / "run"
@@ -106,6 +109,11 @@ def test_up_runs_the_pipeline_as_ray_actors_and_down_leaves_nothing(
         assert run_actors(run) == sorted(f"{run}/{name}" for name in stages)
         assert (run_dir / "config.yaml").is_file()
 
+        # The trainer's actor drove two rank actors (their logs), which wrote a shard each.
+        ckpt = Path(cfg.trainer.checkpoint_dir)
+        assert sorted(p.name for p in (ckpt / "logs").glob("train-rank-*.log")) == [
+            "train-rank-0.log", "train-rank-1.log"]  # fmt: skip
+        assert len(list((ckpt / "sharded" / f"step-{STEPS}").glob("*.distcp"))) == 2
         # The trainer published every version; trajectories went through scored and replay.
         versions = policy_versions(kafka_config, topics_config.name("policy"))
         assert [v.version for v in versions][-STEPS:] == list(range(1, STEPS + 1))
