@@ -6,7 +6,7 @@ group). The same prompts run twice over fresh topics, on the same replicas: once
 `llm.routing=sticky` (today's rule: each worker picks the replica with the fewest of *its own*
 requests in flight, so each worker splits its work evenly and the small replica queues) and
 once with `llm.routing=load` (the replicas' reported running + waiting, which counts every
-worker's requests). Responses are `ignore_eos` with a fixed token budget, so every request
+worker's requests, over the capacity each reports: 16 and `small_batch`). Responses are `ignore_eos` with a fixed token budget, so every request
 costs the same.
 
 Figures: `trajectories_per_s_local` and `trajectories_per_s_load` (final turns on the turns

@@ -52,8 +52,9 @@ class LLMClientConfig(BaseModel):
     deterministic: bool = Field(
         default=False, description="Break routing ties by a stable hash of the request id."
     )
-    # `sticky` stays the default until `rollout bench routing` shows `load` ahead on a
-    # machine where the figure is more than noise (two shared cores could not: 0.74 and 1.81).
+    # `sticky` stays the default for now. With the bare load count, `rollout bench routing`
+    # could not show `load` ahead on two shared cores (0.74 and 1.81); per capacity it did in
+    # three runs of three (1.35, 1.71, 1.26), so `load` is the candidate default.
     routing: Routing = Field(
         default="sticky",
         description="`sticky` (sticky LRU, then least in-flight of this process only), `load` "
