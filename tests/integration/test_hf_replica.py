@@ -213,6 +213,26 @@ async def test_every_response_reports_load_and_capacity(server: str, http: Any) 
     assert (await reported())[0] == 0
 
 
+async def test_the_client_hands_load_and_capacity_to_its_balancer(server: str, http: Any) -> None:
+    from workers.llm.client import LLMClient, LLMClientConfig
+
+    config = LLMClientConfig(routing="load", health_interval_s=3600.0)
+    async with LLMClient(config, [server]) as client:
+        rep = client.balancer.get(server)
+        assert rep is not None
+        long = long_request(http, server, "bystander")  # another client's request
+        try:
+            await wait_running(http, server)
+            rep.load, rep.capacity = -1, 0  # forget what a /health probe may have said
+            await client.generate("mine", PROMPT, {"max_tokens": 2, "ignore_eos": True})
+            # read off this response's headers: the bystander, and the batch limit
+            assert (rep.load, rep.capacity, rep.since) == (1, MAX_BATCH, 0)
+            assert client.balancer.fills() == [1 / MAX_BATCH]
+        finally:
+            await call(http, server, "POST", "/abort_requests", {"request_ids": ["bystander"]})
+            await asyncio.wait_for(long, 30)
+
+
 async def test_abort_returns_partial_tokens(server: str, http: Any) -> None:
     task = long_request(http, server, "abort-1")
     await wait_running(http, server)
