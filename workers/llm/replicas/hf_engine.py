@@ -99,6 +99,7 @@ class HFEngine:
         self._batch = BatchKV(*self._geometry)
         self._cache_kw = cache_kwarg(self.model)
         self._rows: list[EngineSequence] = []
+        self._prefilling = 0  # admitted, not yet in `_rows` nor delivered
         self._prefix = PrefixCache(self.config.prefix_cache_tokens)
         self._targets = weights.targets(self.model)
         self.version = version
@@ -121,7 +122,9 @@ class HFEngine:
 
     @property
     def running(self) -> int:
-        return len(self._rows)
+        """Sequences in the batch, and those taken from the queue whose prefill runs now
+        (in neither list meanwhile: a long prompt must not look like an idle replica)."""
+        return len(self._rows) + self._prefilling
 
     @property
     def waiting(self) -> int:
@@ -292,24 +295,30 @@ class HFEngine:
                 return
             room = self.config.max_batch - len(self._rows)
             admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            self._prefilling = len(admitted)
         joined: list[EngineSequence] = []
         kvs: list[KV] = []
-        for seq in admitted:
-            try:
-                kv = self._prefill(seq)
-            except Exception as exc:  # fails this request only; the others go on
-                logger.exception("prefill of %s failed", seq.request_id)
-                seq.deliver(BackendError(repr(exc)))
-                continue
-            if seq.finish is not None:
-                self._prefix.insert(seq.prompt, kv)
-                seq.deliver()
-            else:
-                joined.append(seq)
-                kvs.append(kv)
-        if joined:
-            self._rows.extend(joined)  # first: if add() fails, they fail with the rest
-            self._batch.add(kvs)
+        try:
+            for seq in admitted:
+                try:
+                    kv = self._prefill(seq)
+                except Exception as exc:  # fails this request only; the others go on
+                    logger.exception("prefill of %s failed", seq.request_id)
+                    self._prefilling -= 1
+                    seq.deliver(BackendError(repr(exc)))
+                    continue
+                if seq.finish is not None:
+                    self._prefix.insert(seq.prompt, kv)
+                    self._prefilling -= 1  # uncounted before its answer is written
+                    seq.deliver()
+                else:
+                    joined.append(seq)
+                    kvs.append(kv)
+            if joined:
+                self._rows.extend(joined)  # first: if add() fails, they fail with the rest
+                self._batch.add(kvs)
+        finally:
+            self._prefilling = 0
 
     def _prefill(self, seq: EngineSequence) -> KV:
         """Run the prompt past its longest cached prefix and sample the first token."""
