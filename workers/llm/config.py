@@ -54,7 +54,8 @@ class LLMClientConfig(BaseModel):
     )
     # `sticky` stays the default for now. With the bare load count, `rollout bench routing`
     # could not show `load` ahead on two shared cores (0.74 and 1.81); per capacity it did in
-    # three runs of three (1.35, 1.71, 1.26), so `load` is the candidate default.
+    # four runs of four (1.35, 1.71, 1.26, 1.55; the count alone 1.13 and 1.03 the same day),
+    # so `load` is the candidate default.
     routing: Routing = Field(
         default="sticky",
         description="`sticky` (sticky LRU, then least in-flight of this process only), `load` "
