@@ -59,11 +59,15 @@ def rank_gpus(device: str, nproc: int, cluster_gpus: int) -> int:
     if device == "cpu" or (device == "auto" and cluster_gpus < nproc):
         return 0
     if device not in ("auto", "cuda", "cuda:0"):
-        raise LaunchError(f"trainer.device={device}: under Ray each rank gets one GPU, which it "
-                          "sees as its own; use trainer.device=cuda")  # fmt: skip
+        raise LaunchError(
+            f"trainer.device={device}: under Ray each rank gets one GPU, which it "
+            "sees as its own; use trainer.device=cuda"
+        )
     if cluster_gpus < nproc:
-        raise LaunchError(f"{nproc} GPU ranks asked for and the Ray cluster has {cluster_gpus} "
-                          "GPUs: fewer --nproc, or trainer.device=cpu")  # fmt: skip
+        raise LaunchError(
+            f"{nproc} GPU ranks asked for and the Ray cluster has {cluster_gpus} "
+            "GPUs: fewer --nproc, or trainer.device=cpu"
+        )
     return 1
 
 
@@ -80,10 +84,13 @@ def rank_env(places: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     for rank, place in enumerate(places):
         peers = on_node[place["node_id"]]
         env = {
-            "RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(peers.index(rank)), "LOCAL_WORLD_SIZE": str(len(peers)),
-            "MASTER_ADDR": str(master["ip"]), "MASTER_PORT": str(master["port"]),
-        }  # fmt: skip
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(peers.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(peers)),
+            "MASTER_ADDR": str(master["ip"]),
+            "MASTER_PORT": str(master["port"]),
+        }
         if place["gpus"]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(places[p]["gpus"][0]) for p in peers)
         envs.append(env)
@@ -118,8 +125,10 @@ def train_on_ray(
     # what configures `rollout` besides the files (ROLLOUT_*), and the secrets
     passed = {k: v for k, v in os.environ.items() if k.startswith("ROLLOUT_")} | secret_env(cfg)
     stopping: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _: stopping.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+    previous = {
+        s: signal.signal(s, lambda signum, _: stopping.append(signum))
+        for s in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         places = get_within(
             [a.where.remote() for a in actors], start_timeout_s, "placing the ranks"

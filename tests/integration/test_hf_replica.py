@@ -205,8 +205,10 @@ async def test_every_response_reports_load_and_capacity(server: str, http: Any) 
             await asyncio.sleep(0.02)
         load, capacity, metrics = await reported()
         assert (load, capacity) == (MAX_BATCH + 1, MAX_BATCH)
-        assert metrics == {"rollout_replica_load": MAX_BATCH + 1,
-                           "rollout_replica_capacity": MAX_BATCH}  # fmt: skip
+        assert metrics == {
+            "rollout_replica_load": MAX_BATCH + 1,
+            "rollout_replica_capacity": MAX_BATCH,
+        }
     finally:
         await call(http, server, "POST", "/abort_requests", {"request_ids": ids})
         await asyncio.wait_for(asyncio.gather(*tasks), 30)

@@ -111,8 +111,8 @@ def test_up_runs_the_pipeline_as_ray_actors_and_down_leaves_nothing(
 
         # The trainer's actor drove two rank actors (their logs), which wrote a shard each.
         ckpt = Path(cfg.trainer.checkpoint_dir)
-        assert sorted(p.name for p in (ckpt / "logs").glob("train-rank-*.log")) == [
-            "train-rank-0.log", "train-rank-1.log"]  # fmt: skip
+        ranks = sorted(p.name for p in (ckpt / "logs").glob("train-rank-*.log"))
+        assert ranks == ["train-rank-0.log", "train-rank-1.log"]
         assert len(list((ckpt / "sharded" / f"step-{STEPS}").glob("*.distcp"))) == 2
         # The trainer published every version; trajectories went through scored and replay.
         versions = policy_versions(kafka_config, topics_config.name("policy"))

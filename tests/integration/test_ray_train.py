@@ -31,10 +31,16 @@ def test_two_rank_actors_train_every_group_once_and_publish_versions(
     produce(kafka_config, topics_config.name("replay"), groups)
     ckpt = tmp_path / "ckpt"
     trainer = {
-        "model_dir": str(tiny_model), "checkpoint_dir": str(ckpt), "train_batch_size": 2,
-        "micro_batch_size": 1, "sync_every": 2, "torch_threads": 1, "poll_timeout_s": 0.2,
-        "group_id": f"trainer-{tmp_path.name}", "idle_timeout_s": 4.0,
-    }  # fmt: skip
+        "model_dir": str(tiny_model),
+        "checkpoint_dir": str(ckpt),
+        "train_batch_size": 2,
+        "micro_batch_size": 1,
+        "sync_every": 2,
+        "torch_threads": 1,
+        "poll_timeout_s": 0.2,
+        "group_id": f"trainer-{tmp_path.name}",
+        "idle_timeout_s": 4.0,
+    }
     config = {
         "kafka": {"bootstrap_servers": kafka_config.bootstrap},
         "topics": {"prefix": topics_config.prefix},
@@ -44,9 +50,16 @@ def test_two_rank_actors_train_every_group_once_and_publish_versions(
     cfg_file.write_text(yaml.safe_dump(config))
 
     done = run_cli(
-        "--config", str(cfg_file), "train", "--nproc", "2", "--ray", ray_address,
-        env={"OMP_NUM_THREADS": "1"}, timeout=300,
-    )  # fmt: skip
+        "--config",
+        str(cfg_file),
+        "train",
+        "--nproc",
+        "2",
+        "--ray",
+        ray_address,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     logs = {p.name: p.read_text()[-2000:] for p in (ckpt / "logs").glob("*.log")}
     assert done.returncode == 0, (done.stderr[-3000:], logs)
     assert sorted(logs) == ["train-rank-0.log", "train-rank-1.log"]  # one actor per rank

@@ -161,8 +161,15 @@ def test_replica_families_derive_in_flight_and_hit_rate() -> None:
     assert v["rollout_replica_in_flight"] == 5
     assert v["rollout_replica_load"] == 5  # what the balancers see, running + waiting by default
     assert "rollout_replica_capacity" not in v  # unknown: left out, never a made-up 0
-    told = values(running=2, waiting=3, prefix_cache_queries=0, prefix_cache_hits=0,
-                  load=7, capacity=16, **base)  # fmt: skip
+    told = values(
+        running=2,
+        waiting=3,
+        prefix_cache_queries=0,
+        prefix_cache_hits=0,
+        load=7,
+        capacity=16,
+        **base,
+    )
     assert (told["rollout_replica_load"], told["rollout_replica_capacity"]) == (7, 16)
     assert v["rollout_replica_prefix_cache_hit_rate"] == 0.25
     assert v["rollout_replica_prefix_cache_queries_total"] == 200

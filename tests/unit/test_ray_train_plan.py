@@ -15,11 +15,23 @@ def _place(node: str, ip: str, port: int = 0, gpus: tuple[str, ...] = ()) -> dic
 def test_cpu_ranks_on_one_node_are_torchrun_standalone() -> None:
     envs = rank_env([_place("n1", "10.0.0.1", 29600), _place("n1", "10.0.0.1", 41000)])
     assert envs == [
-        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600"},
-        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600"},
-    ]  # fmt: skip
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29600",
+        },
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29600",
+        },
+    ]
 
 
 def test_gpu_ranks_across_nodes_see_their_node_peers_and_their_own_gpu_first_by_local_rank() -> (
@@ -34,8 +46,11 @@ def test_gpu_ranks_across_nodes_see_their_node_peers_and_their_own_gpu_first_by_
     envs = rank_env(places)
     assert [e["MASTER_ADDR"] + ":" + e["MASTER_PORT"] for e in envs] == ["10.0.0.1:29600"] * 4
     assert [(e["RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [
-        ("0", "0", "2"), ("1", "0", "2"), ("2", "1", "2"), ("3", "1", "2"),
-    ]  # fmt: skip
+        ("0", "0", "2"),
+        ("1", "0", "2"),
+        ("2", "1", "2"),
+        ("3", "1", "2"),
+    ]
     # cuda:LOCAL_RANK of each is the GPU Ray granted it, and its node's peers are visible
     for env, place in zip(envs, places, strict=True):
         visible = env["CUDA_VISIBLE_DEVICES"].split(",")
