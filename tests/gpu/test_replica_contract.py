@@ -143,16 +143,21 @@ def test_abort_returns_partial_generation() -> None:
 
 def test_pause_aborts_in_flight_and_resume_serves_held_requests() -> None:
     with ThreadPoolExecutor(4) as pool:
-        running = [start_long(pool, f"pause-{i}") for i in range(2)]
-        assert call("POST", "/pause")[0] == 200
-        for fut in running:
-            assert fut.result(timeout=60)["choices"][0]["finish_reason"] == "abort"
-        assert call("GET", "/is_paused")[1] == {"is_paused": True}
-        held = pool.submit(complete, max_tokens=4, temperature=0.0, ignore_eos=True)
-        time.sleep(1.0)
-        assert not held.done(), "a request ran while the replica was paused"
-        assert call("POST", "/resume")[0] == 200
-        assert held.result(timeout=60)["choices"][0]["finish_reason"] == "length"
+        try:
+            running = [start_long(pool, f"pause-{i}") for i in range(2)]
+            assert call("POST", "/pause")[0] == 200
+            for fut in running:
+                body = fut.result(timeout=60)
+                assert body["choices"][0]["finish_reason"] == "abort", str(body)[:300]
+            assert call("GET", "/is_paused")[1] == {"is_paused": True}
+            held = pool.submit(complete, max_tokens=4, temperature=0.0, ignore_eos=True)
+            time.sleep(1.0)
+            assert not held.done(), "a request ran while the replica was paused"
+            status, body = call("POST", "/resume")
+            assert status == 200, body
+            assert held.result(timeout=60)["choices"][0]["finish_reason"] == "length"
+        finally:  # a failure here must not leave the next tests a paused replica
+            call("POST", "/resume")
     assert call("GET", "/is_paused")[1] == {"is_paused": False}
 
 

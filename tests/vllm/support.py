@@ -1,12 +1,17 @@
 """Helpers of the `vllm` tests: checkpoints, a real replica process, and the reference forward.
 
 - `make_checkpoints(root, tied, n)`: n checkpoints of the project's tiny Qwen2 with different
-  weights (versions 0..n-1); `tied=False` gives each its own `lm_head.weight` (unlike the
-  embedding) and `tie_word_embeddings: false`, as a model with untied embeddings has.
+  weights (versions 0..n-1) and a context of `CONTEXT` tokens; `tied=False` gives each its own
+  `lm_head.weight` (unlike the embedding) and `tie_word_embeddings: false`, as a model with
+  untied embeddings has.
 - `Replica`: `rollout replica serve --backend vllm` as a subprocess in its own process group,
   stopped (SIGTERM, then SIGKILL) on exit; vLLM runs in .venv-vllm with one CPU thread and the
-  model's whole context (2048), so the contract's "long" generations (the context less the
-  prompt) outlast the half second its tests give them even when vLLM runs fast.
+  model's whole context, so the contract's "long" generations (the context less the prompt)
+  are still running when a test aborts or pauses them. That takes a long context: vLLM makes
+  about 330 tokens/s a request here, so the tiny model's own 2048 were done in 6 s, and on
+  this shared machine a test process was measured not running for up to 4.4 s at a time
+  while vLLM used both cores; the pause test then found its generations finished (`length`)
+  before its `/pause` was sent. 8192 tokens take about 25 s.
 - `reference_logprobs(model_dir, prompt, tokens, temperature)`: log-softmax of a transformers
   fp32 forward pass of the checkpoint at each position of `tokens` (the trainer's view).
 """
@@ -27,6 +32,7 @@ from workers.llm.replicas.local import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+CONTEXT = 8192  # the test checkpoints' context, and their replicas' max_model_len (see above)
 
 # vLLM on a shared 2-core machine: one OpenMP thread, no core binding, 1 GiB of KV cache.
 VLLM_CPU_ENV = {
@@ -52,6 +58,9 @@ def make_checkpoints(root: Path, *, tied: bool, count: int) -> list[Path]:
     out = []
     for seed in range(count):
         path = init_model(root / f"{'tied' if tied else 'untied'}-v{seed}", seed=seed)
+        config = json.loads((path / "config.json").read_text())
+        config["max_position_embeddings"] = CONTEXT  # rope: any length runs
+        (path / "config.json").write_text(json.dumps(config, indent=2))
         if not tied:
             file = path / "model.safetensors"
             state = load_file(str(file))
@@ -112,7 +121,7 @@ class Replica:
     """One `rollout replica serve --backend vllm` process, healthy inside the `with` block."""
 
     def __init__(
-        self, model: Path, port: int, log: Path, *extra: str, max_model_len: int = 2048
+        self, model: Path, port: int, log: Path, *extra: str, max_model_len: int = CONTEXT
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log

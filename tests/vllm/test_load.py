@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port
-from tests.vllm.support import Replica, http
+from tests.vllm.support import CONTEXT, Replica, http
 from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
 
 pytestmark = pytest.mark.vllm
@@ -65,8 +65,8 @@ def test_load_and_capacity_on_every_response_in_health_and_metrics(replica: Repl
         return info["running"], info["waiting"]
 
     assert (health()["load"], health()["capacity"]) == (0, SEQS)
-    # 2000 tokens each: two at a time take ~13 s here, far longer than the checks below
-    budget = 2048 - len(PROMPT) - 8
+    # 8000 tokens each: two at a time take ~50 s here, far longer than the checks below
+    budget = CONTEXT - len(PROMPT) - 8
     ids = [f"load-{i}" for i in range(SEQS + 1)]
     with ThreadPoolExecutor(len(ids)) as pool:
         kw = {"max_tokens": budget, "ignore_eos": True}

@@ -22,7 +22,7 @@ from tests.vllm.support import Replica, http, reference_logprobs
 pytestmark = pytest.mark.vllm
 
 PROMPT = [(17 * i + 1) % 900 + 20 for i in range(24)]
-MAX_TOKENS = 960  # of max_model_len 2048
+MAX_TOKENS = 960  # of max_model_len CONTEXT (8192)
 PARALLEL = 6
 
 
