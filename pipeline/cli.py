@@ -146,8 +146,11 @@ def cmd_status(args: argparse.Namespace, cfg: RunConfig) -> int:
 
         Console().print(render_status(status))
     if not status["topics"]:
-        print(f"rollout: no {cfg.topics.prefix}* topics at {cfg.kafka.bootstrap} yet; "
-              "`rollout topics create` creates them", file=sys.stderr)  # fmt: skip
+        print(
+            f"rollout: no {cfg.topics.prefix}* topics at {cfg.kafka.bootstrap} yet; "
+            "`rollout topics create` creates them",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -176,11 +179,17 @@ def cmd_up(args: argparse.Namespace, cfg: RunConfig) -> int:
         trainer["max_steps"] = args.steps
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
     started = ray_launch.up(
-        cfg, address=args.ray or None, model_dir=model, run_dir=args.run_dir or f"runs/{args.run}",
-        run=args.run, replicas=args.replicas, replica_threads=args.replica_threads,
-        agent_loop_workers=args.agent_loop_workers, backend=args.backend,
+        cfg,
+        address=args.ray or None,
+        model_dir=model,
+        run_dir=args.run_dir or f"runs/{args.run}",
+        run=args.run,
+        replicas=args.replicas,
+        replica_threads=args.replica_threads,
+        agent_loop_workers=args.agent_loop_workers,
+        backend=args.backend,
         parallel=(args.tp, args.dp, args.pp),
-    )  # fmt: skip
+    )
     for row in started:
         print_json(row)
     if not args.wait:

@@ -50,10 +50,8 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         _require_topic(cfg, "replicas", "to register on")
     backend = get_backend(args.backend)
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
-    advertised = (
-        args.advertise
-        or f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '127.0.0.1') else args.host}:{args.port}"
-    )
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
+    advertised = args.advertise or f"http://{host}:{args.port}"
     registration = None
     if args.register:
         info = ReplicaInfo(
@@ -151,8 +149,11 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
         # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
         # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
         if lost := worker.counters["prompts_failed"]:
-            return failed(f"stopped after {lost} prompt(s) failed (logged above); they are "
-                          "redelivered when a worker starts again", 75)  # fmt: skip
+            return failed(
+                f"stopped after {lost} prompt(s) failed (logged above); they are "
+                "redelivered when a worker starts again",
+                75,
+            )
         return 0
 
     return asyncio.run(main())
@@ -173,8 +174,11 @@ def _interrupt_handler(worker: Any, grace_s: float) -> Any:
             print("rollout: aborted; unfinished prompts are redelivered", file=sys.stderr)
             os._exit(130)
         interrupted = True
-        print(f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
-              "(Ctrl-C again to abort)", file=sys.stderr)  # fmt: skip
+        print(
+            f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
+            "(Ctrl-C again to abort)",
+            file=sys.stderr,
+        )
         worker.stop()
 
     return on_interrupt

@@ -381,7 +381,7 @@ def train_stages(
         finally:
             progress.close()
             console.print("\nstopping the stages…")
-    from workers.trainer.metrics import effective_steps
+    from workers.trainer.steplog import effective_steps
 
     steps = list(effective_steps(metrics).values()) if metrics.exists() else []
     return steps, launched

@@ -1,7 +1,7 @@
 """The demo's report: the trainer's step log turned into a plot, tables and a summary.
 
 `write_report(out_dir, steps, wall_s=..., info=...)` takes the trainer's `step` records
-(`workers.trainer.metrics`: one per optimiser step, with `reward_mean`, `staleness_hist`,
+(`workers.trainer.steplog`: one per optimiser step, with `reward_mean`, `staleness_hist`,
 `samples`, `time`, …) and writes into `out_dir`:
 
 - `report.png`: reward mean per step (with a running mean), staleness (mean and max of the

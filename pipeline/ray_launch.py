@@ -86,11 +86,15 @@ def trainer_gpus(device: str, node_gpus: list[int], replica_gpus: int = 0) -> in
     if device == "cpu" or (device == "auto" and free < 1):
         return 0
     if device not in ("auto", "cuda", "cuda:0"):
-        _bad(f"trainer.device={device}: under Ray the trainer gets one GPU, which it sees as "
-             "cuda:0; use trainer.device=cuda")  # fmt: skip
+        _bad(
+            f"trainer.device={device}: under Ray the trainer gets one GPU, which it sees as "
+            "cuda:0; use trainer.device=cuda"
+        )
     if free < 1:
-        _bad(f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} GPUs are all "
-             f"taken by the replicas ({replica_gpus})")  # fmt: skip
+        _bad(
+            f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} GPUs are all "
+            f"taken by the replicas ({replica_gpus})"
+        )
     return 1
 
 
@@ -219,28 +223,45 @@ def up(
         if "train" in stages and not ranks
         else 0
     )
-    replica_args = () if backend == "hf" else tuple(
-        arg for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
-        for arg in (flag, str(size))
-    )  # fmt: skip
+    replica_args = (
+        ()
+        if backend == "hf"
+        else tuple(
+            arg
+            for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
+            for arg in (flag, str(size))
+        )
+    )
 
     def plan(ports: list[int]) -> list[tuple[str, list[str]]]:
-        return stage_plan(model_dir=model_dir, replica_ports=ports,
-                          replica_threads=replica_threads, stages=stages,
-                          agent_loop_workers=agent_loop_workers, backend=backend,
-                          replica_args=replica_args)  # fmt: skip
+        return stage_plan(
+            model_dir=model_dir,
+            replica_ports=ports,
+            replica_threads=replica_threads,
+            stages=stages,
+            agent_loop_workers=agent_loop_workers,
+            backend=backend,
+            replica_args=replica_args,
+        )
 
     def resources(name: str) -> tuple[float, float]:
         if name == "train" and ranks:
             return 0.0, 0.0
-        return stage_resources(name, backend=backend, world_size=world_size,
-                               replica_threads=replica_threads, trainer_gpus=train_gpus)  # fmt: skip
+        return stage_resources(
+            name,
+            backend=backend,
+            world_size=world_size,
+            replica_threads=replica_threads,
+            trainer_gpus=train_gpus,
+        )
 
     needed = sum(resources(name)[0] for name, _ in plan([0] * replicas)) + ranks
     have = ray.cluster_resources().get("CPU", 0.0)
     if needed > have:
-        _bad(f"the run asks for {needed:g} CPUs and the Ray cluster has {have:g}: "
-             "fewer --replicas or --replica-threads, or a bigger cluster")  # fmt: skip
+        _bad(
+            f"the run asks for {needed:g} CPUs and the Ray cluster has {have:g}: "
+            "fewer --replicas or --replica-threads, or a bigger cluster"
+        )
     run_dir = Path(run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
@@ -250,17 +271,26 @@ def up(
 
     def actor(name: str, **options: Any) -> Any:
         cpus, gpus = resources(name)
-        return runner.options(name=f"{run}/{name}", namespace=NAMESPACE, lifetime="detached",
-                              max_restarts=0, num_cpus=cpus, num_gpus=gpus, **options,
-                              ).remote(name, str(run_dir / "logs" / f"{name}.log"))  # fmt: skip
+        return runner.options(
+            name=f"{run}/{name}",
+            namespace=NAMESPACE,
+            lifetime="detached",
+            max_restarts=0,
+            num_cpus=cpus,
+            num_gpus=gpus,
+            **options,
+        ).remote(name, str(run_dir / "logs" / f"{name}.log"))
 
     started: dict[str, Any] = {}
     try:
         # Replicas first: each picks its port on the node Ray placed it on.
         for i in range(replicas):
             started[f"replica-{i}"] = actor(f"replica-{i}")
-        places = get_within([started[f"replica-{i}"].where.remote() for i in range(replicas)],
-                      start_timeout_s, "placing the replicas")  # fmt: skip
+        places = get_within(
+            [started[f"replica-{i}"].where.remote() for i in range(replicas)],
+            start_timeout_s,
+            "placing the replicas",
+        )
         pending, addresses = [], {}
         for name, argv in plan([place["port"] for place in places]):
             kind, _, index = name.partition("-")

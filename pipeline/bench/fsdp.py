@@ -89,8 +89,9 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         before = {k: v.detach().clone() for k, v in model.state_dict().items()}
         config = _config()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
-                                      weight_decay=config.weight_decay)  # fmt: skip
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
         one, losses, times = [], [], []
         for seed in (0, 1):
             batch = _batch(GROUPS, N, RESPONSE_TOKENS, seed=seed)
@@ -100,11 +101,24 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
             losses.append(float(metrics["loss"]))
             one.append({k: v.detach().clone() for k, v in model.state_dict().items()})
 
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-               "--nproc_per_node", str(ranks), "-m", "pipeline.bench.fsdp", model_dir, tmp]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(ranks),
+            "-m",
+            "pipeline.bench.fsdp",
+            model_dir,
+            tmp,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
         if done.returncode != 0:
             raise RuntimeError(f"the {ranks} ranks failed:\n{done.stderr[-3000:]}")
         sharded = [load_file(str(Path(tmp) / f"n-{step}.safetensors")) for step in (1, 2)]

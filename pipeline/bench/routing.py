@@ -3,11 +3,11 @@
 Two `hf` replicas of unequal capacity (a big one that batches up to `big_batch` sequences, a
 small one limited to `small_batch`) serve three agent-loop worker processes (one consumer
 group). The same prompts run twice over fresh topics, on the same replicas: once with
-`llm.routing=sticky` (today's rule: each worker picks the replica with the fewest of *its own*
-requests in flight, so each worker splits its work evenly and the small replica queues) and
-once with `llm.routing=load` (the replicas' reported running + waiting, which counts every
-worker's requests, over the capacity each reports: 16 and `small_batch`). Responses are `ignore_eos` with a fixed token budget, so every request
-costs the same.
+`llm.routing=sticky` (the old default: each worker picks the replica with the fewest of *its
+own* requests in flight, so each worker splits its work evenly and the small replica queues)
+and once with `llm.routing=load` (the replicas' reported running + waiting, which counts every
+worker's requests, over the capacity each reports: 16 and `small_batch`). Responses are
+`ignore_eos` with a fixed token budget, so every request costs the same.
 
 Figures: `trajectories_per_s_local` and `trajectories_per_s_load` (final turns on the turns
 topic, from the first to the last, Kafka record times; summed over `rounds` runs of each mode,
@@ -58,8 +58,9 @@ def _completions(url: str) -> int:
     return 0
 
 
-def _final_turn_times(kafka: KafkaConfig, topic: str, want: int, procs: list[StageProcess],
-                      timeout_s: float) -> list[float]:  # fmt: skip
+def _final_turn_times(
+    kafka: KafkaConfig, topic: str, want: int, procs: list[StageProcess], timeout_s: float
+) -> list[float]:
     """Kafka timestamps (s) of the first `want` final turns on `topic`, waiting for them."""
     from schemas.codec import decode
     from workers.kafka.clients import make_consumer
@@ -86,34 +87,66 @@ def _final_turn_times(kafka: KafkaConfig, topic: str, want: int, procs: list[Sta
     return sorted(times)
 
 
-def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str, seed: int, *,
-         prompts: int, n: int, max_tokens: int, workers: int, in_flight: int,
-         timeout_s: float) -> dict[str, Any]:  # fmt: skip
+def _one(
+    kafka: KafkaConfig,
+    model: str,
+    urls: list[str],
+    root: Path,
+    mode: str,
+    seed: int,
+    *,
+    prompts: int,
+    n: int,
+    max_tokens: int,
+    workers: int,
+    in_flight: int,
+    timeout_s: float,
+) -> dict[str, Any]:
     prefix = f"route-{mode}-{uuid.uuid4().hex[:6]}."
     run_dir = root / f"{mode}-{seed}"
     (run_dir / "logs").mkdir(parents=True)
     cfg = local_run_config(
-        kafka, prefix, model, run_dir, n=n, train_batch_size=4, max_tokens=max_tokens,
-        max_staleness=None, in_flight=in_flight,
-        overrides={"agent_loop": {"sampling": {"ignore_eos": True},
-                                  "llm": {"routing": MODES[mode]}}},
-    )  # fmt: skip
+        kafka,
+        prefix,
+        model,
+        run_dir,
+        n=n,
+        train_batch_size=4,
+        max_tokens=max_tokens,
+        max_staleness=None,
+        in_flight=in_flight,
+        overrides={
+            "agent_loop": {"sampling": {"ignore_eos": True}, "llm": {"routing": MODES[mode]}}
+        },
+    )
     create_topics(cfg.kafka, cfg.topics)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
     before = {url: _completions(url) for url in urls}
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(prompts, seed=seed), uid_prefix=prefix)
-    argv = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path), "worker",
-            "agent-loop", "--model", model] + [a for url in urls for a in ("--replica", url)]  # fmt: skip
-    procs = [StageProcess(f"agent-loop-{i}", argv, run_dir / "logs" / f"agent-loop-{i}.log")
-             for i in range(workers)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "--config",
+        str(config_path),
+        "worker",
+        "agent-loop",
+        "--model",
+        model,
+    ] + [a for url in urls for a in ("--replica", url)]
+    procs = [
+        StageProcess(f"agent-loop-{i}", argv, run_dir / "logs" / f"agent-loop-{i}.log")
+        for i in range(workers)
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     try:
         for proc in procs:
             proc.start(env)
-        times = _final_turn_times(cfg.kafka, cfg.topics.name("turns"), prompts * n, procs,
-                                  timeout_s)  # fmt: skip
+        times = _final_turn_times(
+            cfg.kafka, cfg.topics.name("turns"), prompts * n, procs, timeout_s
+        )
     finally:
         for proc in procs:
             proc.signal(15)
@@ -134,13 +167,29 @@ def _one(kafka: KafkaConfig, model: str, urls: list[str], root: Path, mode: str,
     }
 
 
-def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 32,
-        workers: int = 3, in_flight: int = 8, big_batch: int = 16, small_batch: int = 1,
-        rounds: int = 2, model_dir: str | None = None,
-        timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
-    settings = {"prompts": prompts, "n": n, "max_tokens": max_tokens, "workers": workers,
-                "in_flight_per_worker": in_flight, "big_batch": big_batch,
-                "small_batch": small_batch}  # fmt: skip
+def run(
+    kafka: KafkaConfig,
+    *,
+    prompts: int = 16,
+    n: int = 4,
+    max_tokens: int = 32,
+    workers: int = 3,
+    in_flight: int = 8,
+    big_batch: int = 16,
+    small_batch: int = 1,
+    rounds: int = 2,
+    model_dir: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    settings = {
+        "prompts": prompts,
+        "n": n,
+        "max_tokens": max_tokens,
+        "workers": workers,
+        "in_flight_per_worker": in_flight,
+        "big_batch": big_batch,
+        "small_batch": small_batch,
+    }
     with (
         tiny_model(model_dir) as model,
         bench_broker(kafka) as kafka_cfg,
@@ -151,11 +200,27 @@ def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 
         names = {"big": big_batch, "small": small_batch}
         ports = {name: free_port() for name in names}
         replicas = [
-            StageProcess(name, [sys.executable, "-m", "workers.llm.replicas.hf", "--model", model,
-                                "--port", str(ports[name]), "--replica-id", name, "--threads", "1",
-                                "--max-batch", str(batch)], root / "logs" / f"{name}.log")
+            StageProcess(
+                name,
+                [
+                    sys.executable,
+                    "-m",
+                    "workers.llm.replicas.hf",
+                    "--model",
+                    model,
+                    "--port",
+                    str(ports[name]),
+                    "--replica-id",
+                    name,
+                    "--threads",
+                    "1",
+                    "--max-batch",
+                    str(batch),
+                ],
+                root / "logs" / f"{name}.log",
+            )
             for name, batch in names.items()
-        ]  # fmt: skip
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         try:
             for proc in replicas:
@@ -165,11 +230,31 @@ def run(kafka: KafkaConfig, *, prompts: int = 16, n: int = 4, max_tokens: int = 
                 wait_healthy(url, lambda p=proc: p.alive, 120, name=proc.name, log=proc.log_path)
             # ABBA...: neither mode always runs on warmer replicas; every run has prompts of
             # its own, so no run finds another's prompts in the replicas' prefix caches
-            order = [m for r in range(rounds) for m in (("local", "load") if r % 2 == 0
-                                                        else ("load", "local"))]  # fmt: skip
-            runs = [(mode, _one(kafka_cfg, model, urls, root, mode, 100 + i, timeout_s=timeout_s,
-                                prompts=prompts, n=n, max_tokens=max_tokens, workers=workers,
-                                in_flight=in_flight)) for i, mode in enumerate(order)]  # fmt: skip
+            order = [
+                m
+                for r in range(rounds)
+                for m in (("local", "load") if r % 2 == 0 else ("load", "local"))
+            ]
+            runs = [
+                (
+                    mode,
+                    _one(
+                        kafka_cfg,
+                        model,
+                        urls,
+                        root,
+                        mode,
+                        100 + i,
+                        timeout_s=timeout_s,
+                        prompts=prompts,
+                        n=n,
+                        max_tokens=max_tokens,
+                        workers=workers,
+                        in_flight=in_flight,
+                    ),
+                )
+                for i, mode in enumerate(order)
+            ]
         finally:
             for proc in replicas:
                 proc.signal(15)

@@ -173,7 +173,7 @@ def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accoun
     from schemas.codec import decode_as
     from schemas.events import TrainingGroup
     from schemas.stale import describe_drop
-    from workers.trainer.metrics import effective_trajectory_ids
+    from workers.trainer.steplog import effective_trajectory_ids
 
     metrics = Path(cfg.trainer.metrics_file or Path(cfg.trainer.checkpoint_dir) / "metrics.jsonl")
     trained = effective_trajectory_ids(metrics, upto) if metrics.exists() else []

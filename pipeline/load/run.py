@@ -318,7 +318,7 @@ class _Soak:
         return report
 
     def _staleness(self) -> dict[str, Any]:
-        from workers.trainer.metrics import effective_steps
+        from workers.trainer.steplog import effective_steps
 
         trainer = self.cfg.trainer
         path = Path(trainer.metrics_file or Path(trainer.checkpoint_dir) / "metrics.jsonl")

@@ -92,11 +92,26 @@ def test_up_runs_the_pipeline_as_ray_actors_and_down_leaves_nothing(
     run_dir = tmp_path / "run"
 
     up = run_cli(
-        "--config", str(config_file), "up", "--ray", ray_address, "--run", run,
-        "--model", str(tiny_model), "--run-dir", str(run_dir), "--replicas", str(REPLICAS),
-        "--steps", str(STEPS), "--wait", "--timeout", "240",
+        "--config",
+        str(config_file),
+        "up",
+        "--ray",
+        ray_address,
+        "--run",
+        run,
+        "--model",
+        str(tiny_model),
+        "--run-dir",
+        str(run_dir),
+        "--replicas",
+        str(REPLICAS),
+        "--steps",
+        str(STEPS),
+        "--wait",
+        "--timeout",
+        "240",
         timeout=330,
-    )  # fmt: skip
+    )
     try:
         rows = [json.loads(line) for line in up.stdout.splitlines() if line.startswith("{")]
         logs = {p.name: p.read_text()[-1500:] for p in (run_dir / "logs").glob("*.log")}

@@ -15,7 +15,7 @@ from tests.integration.test_ray_launch import ray_address  # noqa: F401  (the fi
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.checkpoint import load_latest
-from workers.trainer.metrics import effective_trajectory_ids
+from workers.trainer.steplog import effective_trajectory_ids
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.config import TrainerConfig
-from workers.trainer.metrics import effective_steps, effective_trajectory_ids
+from workers.trainer.steplog import effective_steps, effective_trajectory_ids
 from workers.trainer.trainer import run_trainer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

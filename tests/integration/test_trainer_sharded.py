@@ -19,7 +19,7 @@ from tests.conftest import REPO
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.checkpoint import load_latest
-from workers.trainer.metrics import effective_trajectory_ids
+from workers.trainer.steplog import effective_trajectory_ids
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -62,10 +62,16 @@ def test_two_ranks_kill_one_restart_every_group_exactly_once(
     groups = make_groups(tiny_model, 12, prefix="s")
     replay = topics_config.name("replay")
     trainer = {
-        "model_dir": str(tiny_model), "checkpoint_dir": str(tmp_path / "ckpt"),
-        "train_batch_size": 2, "micro_batch_size": 1, "sync_every": 2, "torch_threads": 1,
-        "poll_timeout_s": 0.2, "group_id": f"trainer-{tmp_path.name}", "nproc": 2,
-    }  # fmt: skip
+        "model_dir": str(tiny_model),
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "train_batch_size": 2,
+        "micro_batch_size": 1,
+        "sync_every": 2,
+        "torch_threads": 1,
+        "poll_timeout_s": 0.2,
+        "group_id": f"trainer-{tmp_path.name}",
+        "nproc": 2,
+    }
     stage = {
         "kafka": {"bootstrap_servers": kafka_config.bootstrap},
         "topics": {"prefix": topics_config.prefix},

@@ -42,6 +42,6 @@ def test_skips_unroutable_and_raises_when_none() -> None:
 def test_rejects_unknown_routing() -> None:
     with pytest.raises(ValueError, match="routing"):
         Balancer(routing="random")  # type: ignore[arg-type]
-    assert LLMClientConfig().routing == "sticky"
+    assert LLMClientConfig().routing == "load"
     assert LLMClientConfig(routing="load").routing == "load"
     assert LLMClientConfig(routing="round_robin").routing == "round_robin"

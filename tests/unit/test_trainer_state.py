@@ -21,7 +21,7 @@ from workers.trainer.config import TrainerConfig
 from workers.trainer.consumer import Item
 from workers.trainer.exceptions import CheckpointError
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries
-from workers.trainer.metrics import effective_steps, effective_trajectory_ids
+from workers.trainer.steplog import effective_steps, effective_trajectory_ids
 
 
 def _item(partition: int, offset: int, samples: int = 2) -> Item:

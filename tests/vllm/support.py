@@ -126,20 +126,41 @@ class Replica:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         self.cmd = [
-            sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm",
-            "--model", str(model), "--port", str(port), "--replica-id", f"vllm-{port}",
-            "--vllm-python", str(VLLM_PYTHON), "--max-model-len", str(max_model_len),
-            "--dtype", "float32", *FAST_START, *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "replica",
+            "serve",
+            "--backend",
+            "vllm",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--replica-id",
+            f"vllm-{port}",
+            "--vllm-python",
+            str(VLLM_PYTHON),
+            "--max-model-len",
+            str(max_model_len),
+            "--dtype",
+            "float32",
+            *FAST_START,
+            *extra,
+        ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Replica:
         env = os.environ | VLLM_CPU_ENV | {"PYTHONPATH": str(REPO)}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                self.cmd,
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         try:
             self.wait_healthy(600.0)
         except BaseException:

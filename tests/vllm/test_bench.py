@@ -23,9 +23,26 @@ pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
 def test_bench_vllm_prints_one_object(tmp_path: Path, replica_logs: Path) -> None:
     import os
 
-    cmd = [sys.executable, "-m", "pipeline.cli", "bench", "vllm", "--json", "--requests", "8",
-           "--concurrency", "4", "--max-tokens", "16", "--rounds", "1",
-           "--vllm-python", str(VLLM_PYTHON), "--log-dir", str(replica_logs / "bench")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "bench",
+        "vllm",
+        "--json",
+        "--requests",
+        "8",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "16",
+        "--rounds",
+        "1",
+        "--vllm-python",
+        str(VLLM_PYTHON),
+        "--log-dir",
+        str(replica_logs / "bench"),
+    ]
     env = os.environ | VLLM_CPU_ENV | {"PYTHONPATH": str(REPO)}
     env.pop("ROLLOUT_KAFKA__BOOTSTRAP_SERVERS", None)  # the bench starts its own broker
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)

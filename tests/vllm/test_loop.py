@@ -38,9 +38,14 @@ def test_the_loop_trains_through_two_vllm_replicas(
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(24, seed=5), uid_prefix="vllm-loop")
     replica_args = (
-        "--vllm-python", str(VLLM_PYTHON), "--dtype", "float32", "--max-model-len", "1024",
+        "--vllm-python",
+        str(VLLM_PYTHON),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
         *FAST_START,
-    )  # fmt: skip
+    )
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
     with LocalPipeline(
         cfg,

@@ -25,7 +25,8 @@ Routing rule, in order:
 
     `routing="round_robin"` replaces all three with plain rotation over the routable replicas
     (in replica-id order), ignoring ids and loads and never touching the sticky LRU. It exists
-    as the baseline that sticky routing is measured against (`pipeline.bench.prefix`), not for serving.
+    as the baseline that sticky routing is measured against (`pipeline.bench.prefix`), not for
+    serving.
 
 Invariants:
     - Routable replicas are kept sorted by `replica_id`, so routing depends only on the ids, the
@@ -69,9 +70,17 @@ class Replica:
     """
 
     __slots__ = (
-        "_inflight", "_slot", "address", "capacity", "healthy", "load", "load_at", "replica_id",
-        "since", "version",
-    )  # fmt: skip
+        "_inflight",
+        "_slot",
+        "address",
+        "capacity",
+        "healthy",
+        "load",
+        "load_at",
+        "replica_id",
+        "since",
+        "version",
+    )
 
     def __init__(self, replica_id: str, address: str, version: int = 0) -> None:
         self.replica_id = replica_id

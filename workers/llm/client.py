@@ -343,8 +343,9 @@ class LLMClient:
                 if left <= 0:
                     known = [r.replica_id for r in self.balancer.replicas()]
                     raise NoReplicaError(
-                        f"{request_id}: no routable replica within {self.config.no_replica_wait_s}s "
-                        f"(known, all unhealthy: {known}); {len(got.tokens)} tokens so far"
+                        f"{request_id}: no routable replica within "
+                        f"{self.config.no_replica_wait_s}s (known, all unhealthy: {known}); "
+                        f"{len(got.tokens)} tokens so far"
                     ) from None
                 self._routable.clear()
                 try:

@@ -52,12 +52,11 @@ class LLMClientConfig(BaseModel):
     deterministic: bool = Field(
         default=False, description="Break routing ties by a stable hash of the request id."
     )
-    # `sticky` stays the default for now. With the bare load count, `rollout bench routing`
-    # could not show `load` ahead on two shared cores (0.74 and 1.81); per capacity it did in
-    # four runs of four (1.35, 1.71, 1.26, 1.55; the count alone 1.13 and 1.03 the same day),
-    # so `load` is the candidate default.
+    # `load` is the default: per capacity, `rollout bench routing` showed it ahead in four runs
+    # of four on two shared cores (1.35, 1.71, 1.26, 1.55), where the bare count could not
+    # (0.74 and 1.81 with the same request split; 1.13 and 1.03 the same day as the four).
     routing: Routing = Field(
-        default="sticky",
+        default="load",
         description="`sticky` (sticky LRU, then least in-flight of this process only), `load` "
         "(sticky LRU, then least load as the replicas report it, plus this process's requests "
         "since the report) or `round_robin` (a baseline).",

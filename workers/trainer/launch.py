@@ -25,8 +25,19 @@ def launched_by_torchrun() -> bool:
 
 def relaunch(nproc: int, module: str, argv: list[str]) -> int:
     """Run `python -m module *argv` as `nproc` torchrun ranks; returns torchrun's exit status."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc_per_node", str(nproc), "-m", module, *argv]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        module,
+        *argv,
+    ]
     proc = subprocess.Popen(cmd)
 
     def forward(signum: int, _: Any) -> None:

@@ -198,8 +198,14 @@ def policy_loss(
     tokens = float(mask.sum().item())
 
     def agg(values: torch.Tensor) -> torch.Tensor:
-        return agg_loss(values, mask, loss_agg_mode, token_count=token_count,
-                        seq_count=seq_count, norm_length=norm_length)  # fmt: skip
+        return agg_loss(
+            values,
+            mask,
+            loss_agg_mode,
+            token_count=token_count,
+            seq_count=seq_count,
+            norm_length=norm_length,
+        )
 
     weight, raw = importance_weights(
         old_log_prob, rollout_log_prob, mask, cap=rollout_is_threshold, level=rollout_is_level

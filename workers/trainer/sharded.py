@@ -126,8 +126,9 @@ def build_policy(config: TrainerConfig, source: Path, state: TrainerState, ranks
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
     )
     root = Path(config.checkpoint_dir).resolve()
-    if state.version > 0 and not _load_sharded(root / SHARDED_DIR / f"step-{state.version}",
-                                                model, optimizer):  # fmt: skip
+    if state.version > 0 and not _load_sharded(
+        root / SHARDED_DIR / f"step-{state.version}", model, optimizer
+    ):
         log.warning("no sharded state for version %d; AdamW starts fresh", state.version)
     ref = None
     if config.kl_coef > 0:
@@ -243,8 +244,15 @@ class ShardedTrainer(Trainer):
     def _train(self, batch: Any) -> dict[str, Any]:
         from workers.trainer.sharded_step import sharded_train_step
 
-        return sharded_train_step(self.model, self.optimizer, batch, self.config,
-                                  rank=0, world=self.ranks.world, ref_model=self.ref_model)  # fmt: skip
+        return sharded_train_step(
+            self.model,
+            self.optimizer,
+            batch,
+            self.config,
+            rank=0,
+            world=self.ranks.world,
+            ref_model=self.ref_model,
+        )
 
     def _save(self, state: TrainerState) -> Path:
         _send(self.ranks, SAVE, value=state.version)
@@ -275,8 +283,15 @@ def _follow(config: TrainerConfig, ranks: Ranks) -> None:
             return
         if kind == STEP:
             batch = _batch(payload, policy.pad_token_id, ranks.device)
-            sharded_train_step(policy.model, policy.optimizer, batch, config, rank=ranks.rank,
-                               world=ranks.world, ref_model=policy.ref_model)  # fmt: skip
+            sharded_train_step(
+                policy.model,
+                policy.optimizer,
+                batch,
+                config,
+                rank=ranks.rank,
+                world=ranks.world,
+                ref_model=policy.ref_model,
+            )
         elif kind == SAVE:
             save_sharded(root, version, policy, ranks)
 

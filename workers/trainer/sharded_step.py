@@ -63,9 +63,14 @@ def _update(
     local_loss = torch.zeros((), dtype=torch.float64)
     for micro, weight in micros:
         out = micro_loss(
-            model, micro, config, proximal=proximal, token_count=token_count,
-            seq_count=seq_count, norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )  # fmt: skip
+            model,
+            micro,
+            config,
+            proximal=proximal,
+            token_count=token_count,
+            seq_count=seq_count,
+            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
+        )
         (out.loss * (world * weight)).backward()
         keys = sorted(out.metrics)
         rows.append([out.metrics[k] * weight for k in keys] if weight else [0.0] * len(keys))

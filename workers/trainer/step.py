@@ -153,9 +153,14 @@ def _update(
     total = 0.0
     for micro in mb.split(config.micro_batch_size):
         out = micro_loss(
-            model, micro, config, proximal=proximal, token_count=token_count,
-            seq_count=seq_count, norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )  # fmt: skip
+            model,
+            micro,
+            config,
+            proximal=proximal,
+            token_count=token_count,
+            seq_count=seq_count,
+            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
+        )
         out.loss.backward()
         total += float(out.loss.detach())
         parts.append(out.metrics)

@@ -60,7 +60,7 @@ from workers.trainer.config import TrainerConfig
 from workers.trainer.consumer import Item, TrajectoryConsumer
 from workers.trainer.exceptions import CheckpointError, PublishError, TrainerError
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
-from workers.trainer.metrics import StepLog, staleness_histogram
+from workers.trainer.steplog import StepLog, staleness_histogram
 
 __all__ = ["Trainer", "TrainerResult", "run_trainer"]
 
@@ -192,9 +192,15 @@ class Trainer:
             metrics=self.metrics,
         )
         self.steplog.write(
-            {"event": "start", "run": self.run_id, "version": self.state.version,
-             "source": str(self.source), "positions": self.consumer.positions(), "time": time.time()}
-        )  # fmt: skip
+            {
+                "event": "start",
+                "run": self.run_id,
+                "version": self.state.version,
+                "source": str(self.source),
+                "positions": self.consumer.positions(),
+                "time": time.time(),
+            }
+        )
         try:
             while True:
                 if (
@@ -286,9 +292,14 @@ class Trainer:
         version = self.state.version
         log.info(
             "stale group %s from %s[%d]@%d: staleness %d > %s at version %d",
-            item.event.uid, item.topic, item.partition, item.offset, staleness,
-            self.config.max_staleness, version,
-        )  # fmt: skip
+            item.event.uid,
+            item.topic,
+            item.partition,
+            item.offset,
+            staleness,
+            self.config.max_staleness,
+            version,
+        )
         headers = drop_headers(item.headers, "stale", staleness, trainer_version=version)
         self.metrics.produced(self.topics.name("stale"))
         return self.producer.send(
@@ -308,9 +319,10 @@ class Trainer:
             log.warning(
                 "step %d: every advantage is 0 (%d such steps): the policy gradient is empty, "
                 "only the KL and entropy terms move the policy; rewards %s",
-                version + 1, self.zero_advantage_steps,
+                version + 1,
+                self.zero_advantage_steps,
                 sorted({s.reward_score for g in groups for s in g.samples}),
-            )  # fmt: skip
+            )
         spans = [
             hi - lo + 1
             for lo, hi in zip(batch.min_global_steps, batch.max_global_steps, strict=True)
@@ -355,11 +367,17 @@ class Trainer:
         log.info(
             "step %d: loss %.4f clipfrac %.3f ppo_kl %.4f is_w mean %.4f [%.4f, %.4f] "
             "entropy %.3f staleness %s groups %d",
-            st.version, metrics["loss"], metrics["pg_clipfrac"], metrics["ppo_kl"],
+            st.version,
+            metrics["loss"],
+            metrics["pg_clipfrac"],
+            metrics["ppo_kl"],
             metrics["is_weight_mean"],
-            metrics["is_weight_min"], metrics["is_weight_max"], metrics["entropy"],
-            record["staleness_hist"], len(groups),
-        )  # fmt: skip
+            metrics["is_weight_min"],
+            metrics["is_weight_max"],
+            metrics["entropy"],
+            record["staleness_hist"],
+            len(groups),
+        )
 
     def _sync(self, *, state_only: bool = False) -> str:
         """Checkpoint (or, with `state_only`, rewrite the latest one's state), publish the
@@ -395,10 +413,17 @@ class Trainer:
         self.metrics.produced(self.topics.name("policy"))
         self.consumer.commit(st.positions)
         self.steplog.write(
-            {"event": "checkpoint", "run": self.run_id, "version": st.version, "path": str(path),
-             "state_only": state_only, "positions": st.positions,
-             "groups_consumed": st.groups_consumed, "time": time.time()}
-        )  # fmt: skip
+            {
+                "event": "checkpoint",
+                "run": self.run_id,
+                "version": st.version,
+                "path": str(path),
+                "state_only": state_only,
+                "positions": st.positions,
+                "groups_consumed": st.groups_consumed,
+                "time": time.time(),
+            }
+        )
         log.info("published version %d (%s), positions %s", st.version, path, st.positions)
         return str(path)
 

@@ -11,9 +11,10 @@ its own process group on a loopback port and waits for it to become healthy. It 
 gets SIGTERM/SIGINT (it then terminates that group: SIGTERM, then SIGKILL after 30 s) or when
 vLLM exits (it exits with vLLM's status). Killed outright (SIGKILL), it cannot stop vLLM
 itself, so on Linux the child asks the kernel for SIGTERM when its parent dies
-(PR_SET_PDEATHSIG): no vLLM server outlives its adapter. Importing this module never imports `vllm`: only the
-child does, in the interpreter `--vllm-python` names (see `resolve_vllm_python`); one that does
-not exist or has no `vllm` raises `BackendUnavailableError` before anything starts.
+(PR_SET_PDEATHSIG): no vLLM server outlives its adapter. Importing this module never imports
+`vllm`: only the child does, in the interpreter `--vllm-python` names (see
+`resolve_vllm_python`); one that does not exist or has no `vllm` raises
+`BackendUnavailableError` before anything starts.
 """
 
 from __future__ import annotations

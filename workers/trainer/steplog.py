@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 __all__ = ["StepLog", "effective_steps", "effective_trajectory_ids", "staleness_histogram"]
 
-log = logging.getLogger("rollout.trainer.metrics")
+log = logging.getLogger("rollout.trainer.steplog")
 
 
 class StepLog:
