@@ -24,8 +24,11 @@ token (`~/.ray/auth_token`) on each client. `ray` is imported only inside the fu
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,27 @@ def trainer_gpus(device: str, node_gpus: list[int], replica_gpus: int = 0) -> in
     return 1
 
 
+def _recorded_head() -> tuple[str | None, Path]:
+    """The head address `ray start` recorded on this machine (Ray's "auto"), and where."""
+    where = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    where = where / "ray_current_cluster"
+    try:
+        text = where.read_text().strip()
+    except OSError:
+        return None, where
+    return (text or None), where
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at `host:port` (a live GCS does)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def connect(address: str | None, *, start_local: bool = False) -> None:
     """Join the cluster at `address`; without one, the local cluster (started if asked).
 
@@ -117,12 +141,21 @@ def connect(address: str | None, *, start_local: bool = False) -> None:
     if address:
         ray.init(address=address, **opts)
         return
-    try:
-        ray.init(address="auto", **opts)
-        return
-    except ConnectionError:
+    recorded, where = _recorded_head()
+    if recorded is not None and not os.environ.get("RAY_ADDRESS") and not _answers(recorded):
+        # Ray itself would retry a dead recorded head for minutes before it gives up.
         if not start_local:
-            raise LaunchError("no Ray cluster runs here; pass its address") from None
+            raise LaunchError(
+                f"no Ray cluster answers at {recorded} (recorded in {where} by an earlier "
+                "`ray start`); pass the address of a running one"
+            )
+    else:
+        try:
+            ray.init(address="auto", **opts)
+            return
+        except ConnectionError:
+            if not start_local:
+                raise LaunchError("no Ray cluster runs here; pass its address") from None
     cmd = [
         sys.executable,
         "-m",

@@ -81,6 +81,7 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
 
     from pipeline.bench.train_step import _batch
     from workers.llm.model_init import init_model
+    from workers.trainer.launch import torchrun_command
     from workers.trainer.step import train_step
 
     torch.set_num_threads(1)
@@ -101,20 +102,7 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
             losses.append(float(metrics["loss"]))
             one.append({k: v.detach().clone() for k, v in model.state_dict().items()})
 
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            str(ranks),
-            "-m",
-            "pipeline.bench.fsdp",
-            model_dir,
-            tmp,
-        ]
+        cmd = torchrun_command(ranks, "pipeline.bench.fsdp", [model_dir, tmp])
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(
             cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False

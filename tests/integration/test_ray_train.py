@@ -8,11 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import run_cli
 from tests.integration.test_ray_launch import ray_address  # noqa: F401  (the fixture)
-from tests.integration.trainer_helpers import make_groups, policy_versions, produce
+from tests.integration.trainer_helpers import (
+    make_groups,
+    policy_versions,
+    produce,
+    small_trainer_config,
+)
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.steplog import effective_trajectory_ids
@@ -30,24 +34,9 @@ def test_two_rank_actors_train_every_group_once_and_publish_versions(
     groups = make_groups(tiny_model, 8, prefix="ray")
     produce(kafka_config, topics_config.name("replay"), groups)
     ckpt = tmp_path / "ckpt"
-    trainer = {
-        "model_dir": str(tiny_model),
-        "checkpoint_dir": str(ckpt),
-        "train_batch_size": 2,
-        "micro_batch_size": 1,
-        "sync_every": 2,
-        "torch_threads": 1,
-        "poll_timeout_s": 0.2,
-        "group_id": f"trainer-{tmp_path.name}",
-        "idle_timeout_s": 4.0,
-    }
-    config = {
-        "kafka": {"bootstrap_servers": kafka_config.bootstrap},
-        "topics": {"prefix": topics_config.prefix},
-        "trainer": trainer,
-    }
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(config))
+    cfg_file = small_trainer_config(
+        tmp_path / "run.yaml", kafka_config, topics_config, tiny_model, idle_timeout_s=4.0
+    )
 
     done = run_cli(
         "--config",

@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import REPO
-from tests.integration.trainer_helpers import make_groups, policy_versions, produce
+from tests.integration.trainer_helpers import (
+    make_groups,
+    policy_versions,
+    produce,
+    small_trainer_config,
+)
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.steplog import effective_trajectory_ids
@@ -61,24 +65,9 @@ def test_two_ranks_kill_one_restart_every_group_exactly_once(
 ) -> None:
     groups = make_groups(tiny_model, 12, prefix="s")
     replay = topics_config.name("replay")
-    trainer = {
-        "model_dir": str(tiny_model),
-        "checkpoint_dir": str(tmp_path / "ckpt"),
-        "train_batch_size": 2,
-        "micro_batch_size": 1,
-        "sync_every": 2,
-        "torch_threads": 1,
-        "poll_timeout_s": 0.2,
-        "group_id": f"trainer-{tmp_path.name}",
-        "nproc": 2,
-    }
-    stage = {
-        "kafka": {"bootstrap_servers": kafka_config.bootstrap},
-        "topics": {"prefix": topics_config.prefix},
-        "trainer": trainer,
-    }
-    cfg_file = tmp_path / "trainer.yaml"
-    cfg_file.write_text(yaml.safe_dump(stage))
+    cfg_file = small_trainer_config(
+        tmp_path / "trainer.yaml", kafka_config, topics_config, tiny_model, nproc=2
+    )
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
     log_path = tmp_path / "trainer.log"
     log = log_path.open("ab")
@@ -108,20 +97,21 @@ def test_two_ranks_kill_one_restart_every_group_exactly_once(
                     pass
             proc.kill()
             proc.wait()
-    latest = load_latest(trainer["checkpoint_dir"])
+    latest = load_latest(tmp_path / "ckpt")
     assert latest is not None and latest.state.version == 2
 
     # run 2: the rest arrives; the restarted ranks resume from step-2 and drain everything
     produce(kafka_config, replay, groups[6:])
-    stage["trainer"]["idle_timeout_s"] = 4.0
-    cfg_file.write_text(yaml.safe_dump(stage))
+    small_trainer_config(
+        cfg_file, kafka_config, topics_config, tiny_model, nproc=2, idle_timeout_s=4.0
+    )
     done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=log, env=env, timeout=180, check=False)
     assert done.returncode == 0, log_path.read_text()[-3000:]
 
     trained = effective_trajectory_ids(str(metrics))
     assert sorted(trained) == sorted(s.trajectory_id for g in groups for s in g.samples)
     assert _steps(metrics).count(3) == 2  # lost with the killed run, trained again
-    final = load_latest(trainer["checkpoint_dir"])
+    final = load_latest(tmp_path / "ckpt")
     assert final is not None and final.state.version == 6
     assert final.state.groups_trained == 12 and sum(final.state.positions.values()) == 12
     versions = [v.version for v in policy_versions(kafka_config, topics_config.name("policy"))]

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from schemas.codec import decode, encode, headers_for
 from schemas.events import ExtraFields, PolicyVersion, ScoredTrajectory, TrainingGroup
 from workers.kafka.clients import make_consumer, make_producer
-from workers.kafka.config import KafkaConfig
+from workers.kafka.config import KafkaConfig, TopicsConfig
 
 
 def behaviour_logprobs(model: Any, prompt: list[int], response: list[int]) -> list[float]:
@@ -108,3 +109,27 @@ def read_all(kafka: KafkaConfig, topic: str, *, timeout_s: float = 5.0) -> list[
 
 def policy_versions(kafka: KafkaConfig, topic: str) -> list[PolicyVersion]:
     return [decode(r.value) for r in read_all(kafka, topic, timeout_s=2.0)]
+
+
+def small_trainer_config(
+    path: Path, kafka: KafkaConfig, topics: TopicsConfig, model: Path, **trainer: Any
+) -> Path:
+    """A run config at `path` for a trainer of two groups a step, one sequence a micro-batch,
+    a checkpoint every two steps, its checkpoints beside `path` (`trainer` adds or overrides)."""
+    settings = {
+        "model_dir": str(model),
+        "checkpoint_dir": str(path.parent / "ckpt"),
+        "train_batch_size": 2,
+        "micro_batch_size": 1,
+        "sync_every": 2,
+        "torch_threads": 1,
+        "poll_timeout_s": 0.2,
+        "group_id": f"trainer-{path.parent.name}",
+    } | trainer
+    config = {
+        "kafka": {"bootstrap_servers": kafka.bootstrap},
+        "topics": {"prefix": topics.prefix},
+        "trainer": settings,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -16,29 +16,22 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["launched_by_torchrun", "relaunch"]
+__all__ = ["launched_by_torchrun", "relaunch", "torchrun_command"]
 
 
 def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
+def torchrun_command(nproc: int, module: str, argv: list[str]) -> list[str]:
+    """`python -m module *argv` as `nproc` ranks of one node, under this interpreter."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return [*torchrun, "--nproc_per_node", str(nproc), "-m", module, *argv]
+
+
 def relaunch(nproc: int, module: str, argv: list[str]) -> int:
     """Run `python -m module *argv` as `nproc` torchrun ranks; returns torchrun's exit status."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(nproc),
-        "-m",
-        module,
-        *argv,
-    ]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(torchrun_command(nproc, module, argv))
 
     def forward(signum: int, _: Any) -> None:
         if proc.poll() is None:
