@@ -107,6 +107,9 @@ def main_with(args: argparse.Namespace) -> int:
     if report["faults_not_fired"]:
         print(f"faults NOT fired: {', '.join(report['faults_not_fired'])}")
     print(f"restarts by the supervisor: {report['restarts'] or 'none'}")
+    if report["samples_added"]:
+        pending_at = f"{100 * opts.topup_share:.0f}%"
+        print(f"samples added for faults still pending at {pending_at}: {report['samples_added']}")
     for reason, count in report["stale_reasons"].items():
         print(f"  stale {count:5d} samples: {reason}")
     print(

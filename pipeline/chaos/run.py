@@ -12,8 +12,12 @@
 4. the faults of `faults.schedule`, one at a time, as the share of samples scored
    passes each trigger (the share scored: it moves smoothly; training comes in steps), each
    once the trainer has published a step since the last (the pipeline recovered): progress,
-   not seconds, so the schedule fits a fast machine and a slow one. A fault still waiting
-   when `last_fault_share` is scored fails the run at once, before any drain;
+   not seconds, so the schedule fits a fast machine and a slow one. A fault and its recovery
+   still take seconds (a SIGSTOP outlasts the session timeout, a trainer reloads its
+   model), so on a fast machine faults can still be pending at `topup_share`: the run then
+   grows by half its samples (at most `max_topups` times) and the faults left fire as soon
+   as the pipeline has recovered. A fault still waiting when `last_fault_share` is scored
+   fails the run at once, before any drain;
 5. drain until every sample is accounted for (or `timeout_s`), stop the pipeline cleanly,
    and account (`accounting.account`) from the trainer's step log and the stale and
    dead-letter topics.
@@ -34,7 +38,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,11 @@ class ChaosOptions:
     admission_margin: int = 8
     # Every fault must have fired by this share of samples scored, or the run fails at once.
     last_fault_share: float = 0.9
+    # Faults still pending at this share scored (a fast machine outran them: a fault and the
+    # recovery the next waits for take seconds, not a share) add `samples // 2` samples, at
+    # most `max_topups` times, and the faults left fire as soon as the pipeline recovers.
+    topup_share: float = 0.75
+    max_topups: int = 2
     max_stale_share: float = 0.05  # more samples than this dropped as stale fails the run
     # "scored": faults fire as the share of samples scored passes their triggers; "generating":
     # each fires as soon as the replicas are generating (a short run finishes in one step).
@@ -294,6 +303,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         with PromptProducer(cfg.kafka, cfg.topics) as producer:
             producer.produce_rows(rows, uid_prefix="chaos")
         expected = expected_ids([r["uid"] for r in rows], opts.n)
+        topups = 0
         plan = schedule(list(opts.faults), opts.seed)
         log.info("chaos: %d samples, faults %s", len(expected), [(f.name, f.trigger) for f in plan])
         fired: list[dict[str, Any]] = []
@@ -344,6 +354,28 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 # The next fault waits for the pipeline to have recovered from the last: the
                 # trainer published a step since (progress, not seconds, so any machine fits).
                 recovered = steps > steps_at_fault or share >= 1.0
+                if (
+                    plan
+                    and opts.trigger == "scored"
+                    and scored_share >= opts.topup_share
+                    and topups < opts.max_topups
+                ):
+                    topups += 1
+                    more = arithmetic_rows(prompts // 2, seed=opts.seed, split=f"topup{topups}")
+                    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+                        producer.produce_rows(more, uid_prefix="chaos")
+                    expected |= expected_ids([r["uid"] for r in more], opts.n)
+                    plan = [replace(f, trigger=0.0) for f in plan]  # overdue: fire when recovered
+                    result = audit(cfg, expected)
+                    log.info(
+                        "chaos: %s pending at %.0f%% scored: %d more samples",
+                        [f.name for f in plan],
+                        100 * scored_share,
+                        len(more) * opts.n,
+                    )
+                    if opts.progress:
+                        print(f"  {len(more) * opts.n} more samples for {len(plan)} faults left")
+                    continue
                 if plan and opts.trigger == "scored" and scored_share >= opts.last_fault_share:
                     # Too late for the faults left: fail now, not after a drain.
                     log.error(
@@ -383,6 +415,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
             "stale_share": stale_share,
             "stale_reasons": dict(sorted(final.stale_reasons.items())),
             "samples": len(expected),
+            "samples_added": len(expected) - prompts * opts.n,
             "faults_fired": fired,
             "faults_not_fired": [f.name for f in plan],
             "restarts": sup.restarts,
