@@ -33,7 +33,14 @@ from typing import Any
 from pipeline.kafka_state import BrokerState, cache_home, rollout_home
 from workers.kafka.exceptions import KafkaUnavailableError
 
-__all__ = ["BrokerState", "broker_status", "ensure_jars", "start_broker", "stop_broker"]
+__all__ = [
+    "BrokerState",
+    "broker_status",
+    "ensure_jars",
+    "port_open",
+    "start_broker",
+    "stop_broker",
+]
 
 log = logging.getLogger("rollout.kafka.local")
 
@@ -80,10 +87,13 @@ def ensure_jars(*, quiet: bool = False) -> Path:
     return lib
 
 
-def _port_open(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at `host:port` now (IPv4 or IPv6)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -187,7 +197,7 @@ def start_broker(
             _secure_users(state.data_dir, bootstrap, users)
         state.reused = True
         return state
-    if _port_open(host, port):
+    if port_open(host, port):
         if secure:
             raise KafkaUnavailableError(f"port {port} is taken by a process `up` did not start")
         if _metadata_ok(bootstrap):
@@ -268,7 +278,7 @@ def start_broker(
             if proc.poll() is not None:
                 tail = (data / "server.log").read_text(errors="replace")[-3000:]
                 raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
-            if _port_open(host, port) and _metadata_ok(bootstrap, **probe):
+            if port_open(host, port) and _metadata_ok(bootstrap, **probe):
                 state = BrokerState(
                     proc.pid,
                     port,
@@ -373,7 +383,7 @@ def broker_status(port: int = 9092) -> dict[str, object]:
     state = BrokerState.load(port)
     bootstrap = f"localhost:{port}"
     security = _probe(state) if state is not None else {}
-    answering = _port_open("127.0.0.1", port) and _metadata_ok(bootstrap, **security)
+    answering = port_open("127.0.0.1", port) and _metadata_ok(bootstrap, **security)
     return {
         "bootstrap": bootstrap,
         "answering": answering,

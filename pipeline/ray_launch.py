@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -112,13 +111,14 @@ def _recorded_head() -> tuple[str | None, Path]:
     return (text or None), where
 
 
-def _answers(address: str, timeout_s: float = 2.0) -> bool:
+def _answers(address: str) -> bool:
     """Whether something accepts TCP connections at `host:port` (a live GCS does)."""
+    from pipeline.kafka_local import port_open
+
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
+        return port_open(host, int(port), timeout_s=2.0)
+    except ValueError:  # not host:port
         return False
 
 
