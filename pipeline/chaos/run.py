@@ -277,10 +277,18 @@ def _inject(
     }
 
 
+def _produce(cfg: RunConfig, rows: list[dict[str, Any]], n: int) -> set[str]:
+    """Produce `rows` as prompts; the trajectory ids their samples will have."""
+    from pipeline.producer import PromptProducer
+
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        producer.produce_rows(rows, uid_prefix="chaos")
+    return expected_ids([r["uid"] for r in rows], n)
+
+
 def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
     from pipeline.arithmetic import arithmetic_rows
     from pipeline.launch import LocalPipeline
-    from pipeline.producer import PromptProducer
     from pipeline.topics import create_topics
     from workers.llm.model_init import init_model
 
@@ -300,9 +308,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         create_topics(cfg.kafka, cfg.topics)
         prompts = -(-opts.samples // opts.n)
         rows = arithmetic_rows(prompts, seed=opts.seed)
-        with PromptProducer(cfg.kafka, cfg.topics) as producer:
-            producer.produce_rows(rows, uid_prefix="chaos")
-        expected = expected_ids([r["uid"] for r in rows], opts.n)
+        expected = _produce(cfg, rows, opts.n)
         topups = 0
         plan = schedule(list(opts.faults), opts.seed)
         log.info("chaos: %d samples, faults %s", len(expected), [(f.name, f.trigger) for f in plan])
@@ -362,9 +368,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 ):
                     topups += 1
                     more = arithmetic_rows(prompts // 2, seed=opts.seed, split=f"topup{topups}")
-                    with PromptProducer(cfg.kafka, cfg.topics) as producer:
-                        producer.produce_rows(more, uid_prefix="chaos")
-                    expected |= expected_ids([r["uid"] for r in more], opts.n)
+                    expected |= _produce(cfg, more, opts.n)
                     plan = [replace(f, trigger=0.0) for f in plan]  # overdue: fire when recovered
                     result = audit(cfg, expected)
                     log.info(
