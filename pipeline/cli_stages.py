@@ -254,7 +254,7 @@ def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -
 
     if not launched_by_torchrun():
         return relaunch(trainer_cfg.nproc, "pipeline.cli", sys.argv[1:])
-    from workers.trainer.sharded import run_sharded_trainer
+    from workers.trainer.sharded import leave_rank, run_sharded_trainer
 
     rank0 = os.environ.get("RANK", "0") == "0"
     stop = _stop_event_on_signals()
@@ -262,7 +262,7 @@ def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -
     result = run_sharded_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
     if result is not None:
         print_json(asdict(result))
-    return 0
+    leave_rank(0)
 
 
 def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:

@@ -138,4 +138,7 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # one torchrun rank: `python -m pipeline.bench.fsdp MODEL_DIR OUT_DIR`
+    from workers.trainer.sharded import leave_rank
+
     _rank_main(sys.argv[1], sys.argv[2])
+    leave_rank(0)

@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if result is not None:  # ranks > 0 have nothing to report
         print(json.dumps(asdict(result)))
+    if launched_by_torchrun():
+        from workers.trainer.sharded import leave_rank
+
+        leave_rank(0)
     return 0
 
 

@@ -17,7 +17,8 @@ Checkpoints (both written before `latest` names `step-N/`):
 - `step-N/`: the consolidated safetensors, gathered to and written by rank 0 through the
   one-process `save_checkpoint`, so replicas, `latest`, pruning and `PolicyVersion` stay as
   they are. No optimizer state there: the sharded one is the truth.
-A rank that dies makes torchrun stop the others; the restart resumes from `latest` (steps
+A rank ends with `leave_rank` (no interpreter teardown: see there). A rank that dies makes
+torchrun stop the others; the restart resumes from `latest` (steps
 after it are trained again from its weights, as with one process).
 
 Commands travel on a gloo group with a long timeout (rank 0 may wait on an idle topic for
@@ -29,11 +30,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -45,7 +47,14 @@ from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import CheckpointError
 from workers.trainer.trainer import Trainer, TrainerResult
 
-__all__ = ["Policy", "build_policy", "init_ranks", "run_sharded_trainer", "world_size"]
+__all__ = [
+    "Policy",
+    "build_policy",
+    "init_ranks",
+    "leave_rank",
+    "run_sharded_trainer",
+    "world_size",
+]
 
 log = logging.getLogger("rollout.trainer.sharded")
 
@@ -317,3 +326,22 @@ def run_sharded_trainer(
         return None
     finally:
         dist.destroy_process_group()
+
+
+def leave_rank(status: int) -> NoReturn:
+    """End this rank's process with `status`, skipping the interpreter's teardown.
+
+    A gloo process group runs worker threads that `destroy_process_group` does not join (gloo
+    has no shutdown; only its destructor joins them). One of them can still be dropping the
+    last reference to a finished collective's tensors when the interpreter finalizes; the
+    tensor's Python object then wants the GIL, Python ends that thread inside a C++ destructor
+    and the process aborts (`terminate called without an active exception`, exit -6), so
+    torchrun reports a failed run that had finished (about 1 run in 8 here; the core's stack
+    is `~AsyncBroadcastWork` -> `THPVariable_dealloc` -> `take_gil` -> `pthread_exit`).
+    Everything a rank owns is closed by the time `run_sharded_trainer` returns (Kafka clients,
+    checkpoint, process groups), so what is left to do is flush the output and leave.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)
