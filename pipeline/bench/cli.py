@@ -257,7 +257,7 @@ def add_bench_parsers(sub: Any) -> None:
         cmd_bench_agent_loop,
         model=True,
         prompts=(96, "Prompts per side per round."),
-        rounds=(5, "Rounds (each runs both sides)."),
+        rounds=(9, "Rounds (each runs both sides)."),
     )
     _bench(
         b,
