@@ -18,8 +18,8 @@ Checkpoints (both written before `latest` names `step-N/`):
   one-process `save_checkpoint`, so replicas, `latest`, pruning and `PolicyVersion` stay as
   they are. No optimizer state there: the sharded one is the truth.
 A rank ends with `leave_rank` (no interpreter teardown: see there). A rank that dies makes
-torchrun stop the others; the restart resumes from `latest` (steps
-after it are trained again from its weights, as with one process).
+torchrun stop the others; the restart resumes from `latest` (steps after it are trained again
+from its weights, as with one process).
 
 Commands travel on a gloo group with a long timeout (rank 0 may wait on an idle topic for
 hours); the training collectives use the default group (gloo on cpu, nccl on cuda).
@@ -338,8 +338,8 @@ def leave_rank(status: int) -> NoReturn:
     and the process aborts (`terminate called without an active exception`, exit -6), so
     torchrun reports a failed run that had finished (about 1 run in 8 here; the core's stack
     is `~AsyncBroadcastWork` -> `THPVariable_dealloc` -> `take_gil` -> `pthread_exit`).
-    Everything a rank owns is closed by the time `run_sharded_trainer` returns (Kafka clients,
-    checkpoint, process groups), so what is left to do is flush the output and leave.
+    Call it once the rank's run has closed what it owns (`run_sharded_trainer` has, when it
+    returns: Kafka clients, checkpoint, process groups); what is left is to flush and leave.
     """
     sys.stdout.flush()
     sys.stderr.flush()
