@@ -55,7 +55,7 @@ def test_the_replay_group_and_the_consumer_batch_carry_the_same_advantages() -> 
         max_staleness=None,
         stale_policy="keep",
         drop_zero_variance=False,
-        norm_by_std=True,
+        norm_adv_by_std=True,
     )
     assert decision.group is not None
     assert decision.group.advantages == grpo_advantages(rewards, ["u"] * 5)
@@ -86,7 +86,7 @@ def test_judge_staleness_and_zero_variance() -> None:
     buf = GroupBuffer(default_n=2)
     buf.add(scored("u", 0, 1.0, low=3, high=4))
     group = buf.add(scored("u", 1, 0.0, low=5))
-    kw = {"stale_policy": "drop", "drop_zero_variance": True, "norm_by_std": True}
+    kw = {"stale_policy": "drop", "drop_zero_variance": True, "norm_adv_by_std": True}
     fresh = judge(group, current_version=5, max_staleness=2, **kw)
     assert fresh.drop is None and fresh.staleness == 2
     assert fresh.group.min_global_steps == 3 and fresh.group.max_global_steps == 5

@@ -83,7 +83,12 @@ def test_config_imports_no_kafka_client() -> None:
 
 def test_partial_policy_and_single_sample_variance() -> None:
     group = PendingGroup("p", 4, 0.0, {0: scored("p", 0, 1.0), 2: scored("p", 2, 0.0, low=1)})
-    kw = {"current_version": 9, "max_staleness": 2, "stale_policy": "drop", "norm_by_std": False}
+    kw = {
+        "current_version": 9,
+        "max_staleness": 2,
+        "stale_policy": "drop",
+        "norm_adv_by_std": False,
+    }
     assert judge(group, drop_zero_variance=False, partial_policy="drop", **kw).drop == "timeout"
     emitted = judge(group, drop_zero_variance=False, partial_policy="emit", **kw)
     assert emitted.drop == "stale" and emitted.staleness == 9

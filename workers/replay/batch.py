@@ -27,6 +27,7 @@ in `open` (`reindex` after every rebalance).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -55,6 +56,11 @@ __all__ = ["STAGE", "GroupProcessor", "Routes"]
 log = logging.getLogger("rollout.replay")
 
 STAGE = "replay"
+
+#: The group rules of `judge` that `ReplayConfig` holds, under the same names.
+_JUDGE_SETTINGS = frozenset(inspect.signature(judge).parameters).intersection(
+    ReplayConfig.model_fields
+)
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,7 @@ class GroupProcessor:
         """
         unreadable: list[GroupState] = []
         version = self.stats.policy_version = self.policy.version
-        c = self.config
+        rules = self.config.model_dump(include=_JUDGE_SETTINGS)
         judged: list[tuple[GroupState, Decision, str, int]] = []
         for state in finish:
             samples = self._samples(state, fresh.get(state.uid, {}))
@@ -242,16 +248,7 @@ class GroupProcessor:
                 unreadable.append(state)
                 continue
             group = PendingGroup(state.uid, state.expected, state.first_seen, samples)
-            decision = judge(
-                group,
-                current_version=version,
-                max_staleness=c.max_staleness,
-                stale_policy=c.stale_policy,
-                drop_zero_variance=c.drop_zero_variance,
-                norm_by_std=c.norm_adv_by_std,
-                partial_policy=c.partial_policy,
-                eps=c.adv_eps,
-            )
+            decision = judge(group, current_version=version, **rules)
             self.stats.add("groups_complete" if group.complete else "groups_partial")
             self.stats.observe_staleness(decision.staleness)
             self.metrics.observe_staleness(decision.staleness)

@@ -88,11 +88,14 @@ def judge(
     max_staleness: int | None,
     stale_policy: StalePolicy,
     drop_zero_variance: bool,
-    norm_by_std: bool,
+    norm_adv_by_std: bool,
     partial_policy: Literal["emit", "drop"] = "emit",
-    eps: float = EPS,
+    adv_eps: float = EPS,
 ) -> Decision:
-    """Partial policy, staleness policy, dynamic sampling and advantages for one group."""
+    """Partial policy, staleness policy, dynamic sampling and advantages for one group.
+
+    The keyword arguments after `current_version` are `ReplayConfig`'s settings of the same
+    names (the stage passes them by name)."""
     samples = [group.samples[i] for i in sorted(group.samples)]
     low = min(s.extra_fields.min_global_steps for s in samples)
     high = max(s.extra_fields.max_global_steps for s in samples)
@@ -101,7 +104,7 @@ def judge(
     built = TrainingGroup(
         uid=group.uid,
         samples=samples,
-        advantages=group_advantages(rewards, norm_by_std=norm_by_std, eps=eps),
+        advantages=group_advantages(rewards, norm_by_std=norm_adv_by_std, eps=adv_eps),
         min_global_steps=low,
         max_global_steps=high,
         emitted_at_version=current_version,

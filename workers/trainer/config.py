@@ -6,7 +6,9 @@ follow verl: `clip_ratio_low`/`clip_ratio_high` (PPO clip ε), `clip_ratio_c` (d
 `rollout_is_level` (token | sequence | geometric), `kl_coef`/`kl_loss_type` (KL to a frozen
 reference policy), `loss_agg_mode`; `ppo_mini_batches` and `ppo_epochs` (verl's
 `ppo_mini_batch_size` and `ppo_epochs`, counted in mini-batches per step). See
-`workers.trainer.loss` for the exact formula and `workers.trainer.step` for the updates.
+`workers.trainer.loss` for the exact formula and `workers.trainer.step` for the updates: the
+loss knobs bear the names of `policy_loss`'s keyword arguments, and the step passes every
+field of such a name to it.
 
 Cross-field rules checked at start:
 - with `stale_policy='drop'`, `max_staleness >= sync_every - 1`: replicas only see every

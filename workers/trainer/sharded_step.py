@@ -30,7 +30,7 @@ import torch.distributed as dist
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
 from workers.trainer.loss import summarize
-from workers.trainer.step import micro_loss, train_step
+from workers.trainer.step import UpdateCounts, micro_loss, train_step
 
 __all__ = ["shard_bounds", "sharded_train_step"]
 
@@ -46,13 +46,11 @@ def _update(
     mb: TrajectoryBatch,
     config: TrainerConfig,
     *,
-    proximal: bool,
     rank: int,
     world: int,
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
     optimizer.zero_grad(set_to_none=True)
-    token_count = max(float(mb["response_mask"].sum().item()), 1.0)  # the mini-batch's, global
-    seq_count = float(len(mb))
+    counts = UpdateCounts.of(mb, config)  # the mini-batch's, global: not the share's
     lo, hi = shard_bounds(len(mb), rank, world)
     largest = -(-len(mb) // world)
     micro_count = max(1, -(-largest // config.micro_batch_size))
@@ -62,15 +60,7 @@ def _update(
     keys: list[str] = []
     local_loss = torch.zeros((), dtype=torch.float64)
     for micro, weight in micros:
-        out = micro_loss(
-            model,
-            micro,
-            config,
-            proximal=proximal,
-            token_count=token_count,
-            seq_count=seq_count,
-            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )
+        out = micro_loss(model, micro, config, counts)
         (out.loss * (world * weight)).backward()
         keys = sorted(out.metrics)
         rows.append([out.metrics[k] * weight for k in keys] if weight else [0.0] * len(keys))

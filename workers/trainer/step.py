@@ -16,6 +16,7 @@ and the clip bound it (decoupled PPO: behaviour → proximal → current).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 from collections.abc import Callable
@@ -94,73 +95,69 @@ def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> tor
     return torch.cat(parts, dim=0)
 
 
+#: The settings of `policy_loss` that `TrainerConfig` holds, under the same (verl's) names.
+_LOSS_SETTINGS = frozenset(inspect.signature(policy_loss).parameters).intersection(
+    TrainerConfig.model_fields
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateCounts:
+    """N, S and T of the loss aggregation (`workers.trainer.loss`): those of the whole
+    optimiser update, so that the losses of its micro-batches add up to the update's."""
+
+    token_count: float
+    seq_count: float
+    norm_length: float
+
+    @classmethod
+    def of(cls, mb: TrajectoryBatch, config: TrainerConfig) -> UpdateCounts:
+        """The counts of the update on the mini-batch `mb`."""
+        return cls(
+            token_count=max(float(mb["response_mask"].sum().item()), 1.0),
+            seq_count=float(len(mb)),
+            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
+        )
+
+
 def micro_loss(
     model: Any,
     micro: TrajectoryBatch,
     config: TrainerConfig,
-    *,
-    proximal: bool,
-    token_count: float,
-    seq_count: float,
-    norm_length: float,
+    counts: UpdateCounts,
 ) -> Any:
     """The policy loss of one micro-batch (a forward with grad), normalised by its update's
-    token and sequence counts so that the micro-batches' losses add up to the update's."""
+    `counts` so that the micro-batches' losses add up to the update's.
+
+    The proximal policy is the one before the step where `micro["prox_logprobs"]` holds its
+    logprobs (several updates per step), else the current one (`log_prob.detach()`)."""
     logp, entropy = response_log_probs(
         model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
     )
+    prox = micro.tensors.get("prox_logprobs")
     return policy_loss(
         logp,
-        micro["prox_logprobs"] if proximal else logp.detach(),
+        prox if prox is not None else logp.detach(),
         micro["old_logprobs"],
         micro["advantages"],
         micro["response_mask"],
-        clip_ratio_low=config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio_high,
-        clip_ratio_c=config.clip_ratio_c,
-        rollout_is_threshold=config.rollout_is_threshold,
-        rollout_is_level=config.rollout_is_level,
         entropy=entropy,
-        entropy_coeff=config.entropy_coeff,
         ref_log_prob=micro.tensors.get("ref_logprobs"),
-        kl_coef=config.kl_coef,
-        kl_loss_type=config.kl_loss_type,
-        loss_agg_mode=config.loss_agg_mode,
-        token_count=token_count,
-        seq_count=seq_count,
-        norm_length=norm_length,
+        **config.model_dump(include=_LOSS_SETTINGS),
+        **dataclasses.asdict(counts),
     )
 
 
 def _update(
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    mb: TrajectoryBatch,
-    config: TrainerConfig,
-    *,
-    proximal: bool,
+    model: Any, optimizer: torch.optim.Optimizer, mb: TrajectoryBatch, config: TrainerConfig
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """One optimiser update on the mini-batch `mb`: its metrics and its micro-batches' parts.
-
-    `proximal`: `mb["prox_logprobs"]` holds the policy before the step (several updates per
-    step); else the current policy is the proximal one (`log_prob.detach()`).
-    """
+    """One optimiser update on the mini-batch `mb`: its metrics and its micro-batches' parts."""
     optimizer.zero_grad(set_to_none=True)
-    mask = mb["response_mask"]
-    token_count = max(float(mask.sum().item()), 1.0)
-    seq_count = float(len(mb))
+    counts = UpdateCounts.of(mb, config)
     parts = []
     total = 0.0
     for micro in mb.split(config.micro_batch_size):
-        out = micro_loss(
-            model,
-            micro,
-            config,
-            proximal=proximal,
-            token_count=token_count,
-            seq_count=seq_count,
-            norm_length=float(config.loss_norm_length or mb["responses"].shape[1]),
-        )
+        out = micro_loss(model, micro, config, counts)
         out.loss.backward()
         total += float(out.loss.detach())
         parts.append(out.metrics)
@@ -198,8 +195,8 @@ def train_step(
     the logprobs of the policy before the step are computed once, up front, and every
     update's PPO ratio is taken against them, so the clip bounds how far the step moves.
     `ref_model` (frozen) gives the reference logprobs of the KL term (`kl_coef`). `update`
-    replaces the one-process optimiser update (`update(model, optimizer, mb, config,
-    proximal=...)`; the sharded trainer's trains this rank's share).
+    replaces the one-process optimiser update (`update(model, optimizer, mb, config)`; the
+    sharded trainer's trains this rank's share).
     """
     update = update or _update
     model.train()
@@ -209,8 +206,7 @@ def train_step(
         batch.tensors["response_mask"] = batch["response_mask"] * keep
         batch.tensors["advantages"] = batch["advantages"] * keep
     updates = config.ppo_epochs * config.ppo_mini_batches
-    proximal = updates > 1
-    if proximal:
+    if updates > 1:  # the proximal policy is the one before the step
         batch.tensors["prox_logprobs"] = _log_probs(model, batch, config)
     if ref_model is not None:
         batch.tensors["ref_logprobs"] = _log_probs(ref_model, batch, config)
@@ -219,7 +215,7 @@ def train_step(
     parts: list[dict[str, float]] = []
     for epoch in range(config.ppo_epochs):
         for index, mb in enumerate(minis):
-            metrics, mb_parts = update(model, optimizer, mb, config, proximal=proximal)
+            metrics, mb_parts = update(model, optimizer, mb, config)
             per_update.append({"epoch": float(epoch), "mini_batch": float(index), **metrics})
             parts += mb_parts
     out: dict[str, Any] = summarize(parts)

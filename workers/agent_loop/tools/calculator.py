@@ -16,7 +16,6 @@ checked against the same cap, and `round` digits are bounded. Failures raise `To
 from __future__ import annotations
 
 import ast
-import logging
 import math
 import operator
 from collections.abc import Callable, Mapping
@@ -34,8 +33,6 @@ from workers.agent_loop.tools.base import (
 )
 
 __all__ = ["CalculatorConfig", "CalculatorTool", "evaluate"]
-
-logger = logging.getLogger("rollout.tools")
 
 Number = int | float
 
