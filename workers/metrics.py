@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal, get_args
 from wsgiref.simple_server import WSGIServer
 
@@ -41,6 +42,7 @@ __all__ = [
     "NAMES",
     "STAGES",
     "MetricsServerError",
+    "ReplicaCounters",
     "Stage",
     "StageMetrics",
     "TrainerMetrics",
@@ -237,14 +239,21 @@ class TrainerMetrics(StageMetrics):
         self._is_max.labels(self.stage).set(metrics.get("is_weight_max", float("nan")))
 
 
+@dataclass(frozen=True)
+class ReplicaCounters:
+    """An engine's live counters, as every backend reads them for `replica_families`."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    generated_tokens: float = 0.0
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+
+
 def replica_families(
     replica_id: str,
+    counters: ReplicaCounters,
     *,
-    running: float,
-    waiting: float,
-    generated_tokens: float,
-    prefix_cache_queries: float,
-    prefix_cache_hits: float,
     policy_version: float,
     load: float | None = None,
     capacity: float | None = None,
@@ -258,30 +267,32 @@ def replica_families(
     once (`X-Rollout-Capacity`; the family is left out when None: unknown).
     """
     labels = [replica_id]
+    running, waiting = counters.running, counters.waiting
+    queries, hits = counters.prefix_cache_queries, counters.prefix_cache_hits
 
     def family(kind: type[Metric], name: str, doc: str, value: float) -> Metric:
         fam = kind(name, doc, labels=["replica"])
         fam.add_metric(labels, value)  # type: ignore[attr-defined]
         return fam
 
-    rate = prefix_cache_hits / prefix_cache_queries if prefix_cache_queries else 0.0
+    rate = hits / queries if queries else 0.0
     g, c = GaugeMetricFamily, CounterMetricFamily
     families = [
         family(g, "rollout_replica_in_flight", "Requests running or waiting.", running + waiting),
         family(g, "rollout_replica_running_requests", "Requests in the running batch.", running),
         family(g, "rollout_replica_waiting_requests", "Requests queued or paused.", waiting),
-        family(c, "rollout_replica_generated_tokens", "Tokens sampled.", generated_tokens),
+        family(c, "rollout_replica_generated_tokens", "Tokens sampled.", counters.generated_tokens),
         family(
             c,
             "rollout_replica_prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            prefix_cache_queries,
+            queries,
         ),
         family(
             c,
             "rollout_replica_prefix_cache_hits",
             "Prompt tokens served from the prefix cache.",
-            prefix_cache_hits,
+            hits,
         ),
         family(g, "rollout_replica_prefix_cache_hit_rate", "Hits / queries since start.", rate),
         family(

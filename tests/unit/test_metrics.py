@@ -15,6 +15,7 @@ from pipeline.launch import stage_plan
 from workers.metrics import (
     NAMES,
     MetricsServerError,
+    ReplicaCounters,
     StageMetrics,
     TrainerMetrics,
     replica_families,
@@ -130,16 +131,7 @@ def test_every_name_in_the_contract_is_rendered_somewhere() -> None:
     trainer = TrainerMetrics()
     trainer.step({"loss": 0.0, "is_weight_mean": 1.0, "is_weight_max": 1.0}, 0.0)
     families = [*stage.registry.collect(), *trainer.registry.collect()]
-    families += replica_families(
-        "r0",
-        running=0,
-        waiting=0,
-        generated_tokens=0,
-        prefix_cache_queries=0,
-        prefix_cache_hits=0,
-        policy_version=0,
-        capacity=1,
-    )
+    families += replica_families("r0", ReplicaCounters(), policy_version=0, capacity=1)
     rendered = {
         s.name
         for fam in families
@@ -151,31 +143,25 @@ def test_every_name_in_the_contract_is_rendered_somewhere() -> None:
 
 
 def test_replica_families_derive_in_flight_and_hit_rate() -> None:
-    def values(**counts: float) -> dict[str, float]:
-        fams = replica_families("r1", **counts)  # type: ignore[arg-type]
+    def values(
+        load: float | None = None, capacity: float | None = None, **counts: float
+    ) -> dict[str, float]:
+        counters = ReplicaCounters(generated_tokens=9.0, **counts)
+        fams = replica_families("r1", counters, policy_version=3.0, load=load, capacity=capacity)
         assert all(s.labels == {"replica": "r1"} for fam in fams for s in fam.samples)
         return {s.name: s.value for fam in fams for s in fam.samples}
 
-    base = {"generated_tokens": 9.0, "policy_version": 3.0}
-    v = values(running=2, waiting=3, prefix_cache_queries=200, prefix_cache_hits=50, **base)
+    v = values(running=2, waiting=3, prefix_cache_queries=200, prefix_cache_hits=50)
     assert v["rollout_replica_in_flight"] == 5
     assert v["rollout_replica_load"] == 5  # what the balancers see, running + waiting by default
     assert "rollout_replica_capacity" not in v  # unknown: left out, never a made-up 0
-    told = values(
-        running=2,
-        waiting=3,
-        prefix_cache_queries=0,
-        prefix_cache_hits=0,
-        load=7,
-        capacity=16,
-        **base,
-    )
+    told = values(running=2, waiting=3, load=7, capacity=16)
     assert (told["rollout_replica_load"], told["rollout_replica_capacity"]) == (7, 16)
     assert v["rollout_replica_prefix_cache_hit_rate"] == 0.25
     assert v["rollout_replica_prefix_cache_queries_total"] == 200
     assert v["rollout_replica_prefix_cache_hits_total"] == 50
     assert v["rollout_replica_generated_tokens_total"] == 9
-    cold = values(running=0, waiting=0, prefix_cache_queries=0, prefix_cache_hits=0, **base)
+    cold = values()
     assert cold["rollout_replica_prefix_cache_hit_rate"] == 0.0
 
 

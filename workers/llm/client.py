@@ -131,6 +131,10 @@ class _Progress:
             replicas=self.replicas,
         )
 
+    def exhausted(self, message: str, *, last_error: BaseException | None) -> RetriesExhaustedError:
+        """The error that ends this generation's retries, carrying what it has so far."""
+        return RetriesExhaustedError(message, last_error=last_error, partial=self.output("abort"))
+
 
 class LLMClient:
     """Resumable generation over a changing set of replicas. Use as `async with LLMClient(...)`."""
@@ -305,11 +309,10 @@ class LLMClient:
                     # trainer may publish faster than a request finishes. Bounded apart.
                     idle_aborts += 1
                     if idle_aborts > cfg.max_idle_aborts:
-                        raise RetriesExhaustedError(
+                        raise got.exhausted(
                             f"{request_id}: {idle_aborts} aborts in a row without a token "
                             f"(max_idle_aborts={cfg.max_idle_aborts})",
                             last_error=None,
-                            partial=got.output("abort"),
                         )
                     await asyncio.sleep(cfg.backoff_initial_s)
                     continue
@@ -318,11 +321,10 @@ class LLMClient:
                 load, capacity = self._loads.pop(request_id, (None, None))
                 self.balancer.release(rep, request_id, load=load, capacity=capacity)
             if failures > cfg.max_retries:
-                raise RetriesExhaustedError(
+                raise got.exhausted(
                     f"{request_id}: {failures} failures (max_retries={cfg.max_retries}); "
                     f"last: {last_error!r}",
                     last_error=last_error,
-                    partial=got.output("abort"),
                 ) from last_error
             if isinstance(last_error, ReplicaError):
                 await self.health.check_after_failure(rep)

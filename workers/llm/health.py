@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -28,23 +29,25 @@ __all__ = ["HealthChecker"]
 logger = logging.getLogger("rollout.llm.health")
 
 
+@dataclass(eq=False)
 class HealthChecker:
-    """Probes replicas over a shared aiohttp session and updates a `Balancer`."""
+    """Probes replicas over a shared aiohttp session and updates a `Balancer`.
 
-    def __init__(
-        self,
-        balancer: Balancer,
-        *,
-        timeout_s: float,
-        failures: int,
-        on_routable: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.balancer = balancer
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.failures = failures
-        self.on_routable = on_routable
-        self.session: aiohttp.ClientSession | None = None
-        self.consecutive: dict[str, int] = {}
+    `session` is the client's, set when it opens (until then every probe fails);
+    `consecutive` counts each replica's failed probes in a row.
+    """
+
+    balancer: Balancer
+    _: KW_ONLY
+    timeout_s: float
+    failures: int
+    on_routable: Callable[[], None] = lambda: None
+    session: aiohttp.ClientSession | None = field(default=None, init=False)
+    consecutive: dict[str, int] = field(default_factory=dict, init=False)
+    timeout: aiohttp.ClientTimeout = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timeout = aiohttp.ClientTimeout(total=self.timeout_s)
 
     async def get_json(self, rep: Replica, path: str) -> dict[str, Any] | None:
         """GET a small JSON endpoint of `rep`; None on any failure."""

@@ -26,11 +26,12 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from pydantic import ValidationError
 
@@ -44,7 +45,8 @@ from workers.llm.contract import (
     UpdateWeightsRequest,
 )
 from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, WeightLoadError
-from workers.metrics import replica_families
+from workers.llm.replicas.status_routes import add_status_routes
+from workers.metrics import ReplicaCounters, replica_families
 
 if TYPE_CHECKING:
     from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
@@ -68,14 +70,12 @@ class _EngineCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        e, stats = self.engine, self.engine.stats
+        e = self.engine
+        # `EngineStats` holds the engine's cumulative counters, under the contract's names.
+        counters = ReplicaCounters(running=e.running, waiting=e.waiting, **asdict(e.stats))
         yield from replica_families(
             self.replica,
-            running=e.running,
-            waiting=e.waiting,
-            generated_tokens=stats.generated_tokens,
-            prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits,
+            counters,
             policy_version=e.version,
             load=float(_load(e)),  # what the balancers rank by, over `capacity`
             capacity=float(e.config.max_batch),
@@ -228,13 +228,6 @@ async def _info(request: web.Request) -> web.Response:
     return _ok(request, status.model_dump())
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    registry = request.app[_STATE]["registry"]
-    return web.Response(
-        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
-
-
 async def _models(request: web.Request) -> web.Response:
     engine, name = _engine(request), request.app[_STATE]["model_name"]
     card = {
@@ -268,7 +261,6 @@ async def create_app(
         "replica_id": replica_id,
         "model_name": served_model_name or str(model_dir),
         "tokenizer": tokenizer,
-        "registry": registry,
         "completions": 0,
     }
     registry.register(_EngineCollector(engine, replica_id, app[_STATE]))  # type: ignore[arg-type]
@@ -284,10 +276,8 @@ async def create_app(
     app.router.add_post("/resume", _resume)
     app.router.add_get("/is_paused", _is_paused)
     app.router.add_post("/update_weights", _update_weights)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/info", _info)
-    app.router.add_get("/metrics", _metrics)
     app.router.add_get("/v1/models", _models)
+    add_status_routes(app, health=_health, info=_info, registry=registry)
     logger.info("replica %s: model %s version %d ready", replica_id, model_dir, version)
     return app
 
@@ -355,22 +345,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
+    options = vars(parser.parse_args(argv))
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        level=options.pop("log_level").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    serve(
-        args.model,
-        args.host,
-        args.port,
-        args.replica_id,
-        args.version,
-        threads=args.threads,
-        max_batch=args.max_batch,
-        prefix_cache_tokens=args.prefix_cache_tokens,
-        max_model_len=args.max_model_len,
-        served_model_name=args.served_model_name,
-    )
+    # Every other option is the `serve` parameter of the same name.
+    serve(options.pop("model"), **options)
 
 
 if __name__ == "__main__":

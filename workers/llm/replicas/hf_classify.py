@@ -21,13 +21,9 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from workers.llm.replicas.status_routes import add_status_routes
 
 __all__ = ["create_classifier_app", "is_classifier"]
 
@@ -156,14 +152,7 @@ async def create_classifier_app(
             }
         )
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
     app.router.add_post("/classify", classify)
-    app.router.add_get("/health", health)
-    app.router.add_get("/info", info)
-    app.router.add_get("/metrics", metrics)
+    add_status_routes(app, health=health, info=info, registry=registry)
     logger.info("reward model %s served as %s (version %d)", model_dir, replica_id, version)
     return app

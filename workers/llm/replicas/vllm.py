@@ -57,6 +57,13 @@ BACKEND = "vllm"
 logger = logging.getLogger("rollout.replica.vllm")
 _KILL_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The options not named like the `VLLMReplicaConfig` field they set (every other one is).
+_CONFIG_FIELD = {
+    "vllm_python": "python",
+    "version": "initial_version",
+    "startup_timeout": "startup_timeout_s",
+    "drain_timeout": "drain_timeout_s",
+}
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -96,29 +103,11 @@ def config_from_args(argv: Sequence[str]) -> tuple[VLLMReplicaConfig, str]:
     """Parse our options; what is left over becomes `extra_args` for `vllm serve`."""
     ours, after = split_argv(argv)
     ns, unknown = build_arg_parser().parse_known_args(ours)
-    config = VLLMReplicaConfig(
-        model=ns.model,
-        port=ns.port,
-        host=ns.host,
-        replica_id=ns.replica_id,
-        served_model_name=ns.served_model_name,
-        tp=ns.tp,
-        dp=ns.dp,
-        pp=ns.pp,
-        seed=ns.seed,
-        max_model_len=ns.max_model_len,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        enforce_eager=ns.enforce_eager,
-        dtype=ns.dtype,
-        max_logprobs=ns.max_logprobs,
-        internal_port=ns.internal_port,
-        python=ns.vllm_python,
-        initial_version=ns.version,
-        startup_timeout_s=ns.startup_timeout,
-        drain_timeout_s=ns.drain_timeout,
-        extra_args=(*unknown, *after),
-    )
-    return config, ns.log_level
+    options = {_CONFIG_FIELD.get(name, name): value for name, value in vars(ns).items()}
+    log_level = options.pop("log_level")
+    # By field name: the config forbids extra fields, so an option without one fails here.
+    config = VLLMReplicaConfig(**options, extra_args=(*unknown, *after))
+    return config, log_level
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:

@@ -50,7 +50,7 @@ from workers.llm.contract import (
     FinishReason,
 )
 from workers.llm.replicas.exceptions import BackendError
-from workers.metrics import replica_families
+from workers.metrics import ReplicaCounters, replica_families
 
 __all__ = [
     "FINISH_REASONS",
@@ -228,14 +228,8 @@ def map_vllm_error(status: int, body: Any) -> dict[str, dict[str, str]]:
 
 
 @dataclass(frozen=True)
-class VLLMMetrics:
+class VLLMMetrics(ReplicaCounters):
     """The vLLM series the contract re-exposes, summed over engines (DP ranks)."""
-
-    running: float = 0.0
-    waiting: float = 0.0
-    generated_tokens: float = 0.0
-    prefix_cache_queries: float = 0.0
-    prefix_cache_hits: float = 0.0
 
 
 # contract field -> vLLM family names, preferred first (prometheus_client strips `_total`).
@@ -295,11 +289,7 @@ def render_replica_metrics(
     what the adapter reports to balancers; `workers.metrics.replica_families`)."""
     families = replica_families(
         replica_id,
-        running=metrics.running,
-        waiting=metrics.waiting,
-        generated_tokens=metrics.generated_tokens,
-        prefix_cache_queries=metrics.prefix_cache_queries,
-        prefix_cache_hits=metrics.prefix_cache_hits,
+        metrics,
         policy_version=float(policy_version),
         load=None if load is None else float(load),
         capacity=None if capacity is None else float(capacity),
