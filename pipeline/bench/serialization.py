@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict
 
 from schemas.codec import decode, encode
 from schemas.events import TurnEvent
@@ -22,26 +21,20 @@ from schemas.events import TurnEvent
 __all__ = ["run"]
 
 
-class _PlainTurn(BaseModel):
-    """The baseline: TurnEvent's fields with token ids and logprobs as JSON lists."""
+class _PlainTurn(TurnEvent):
+    """The baseline: TurnEvent itself, its token arrays as JSON lists of numbers."""
 
-    model_config = ConfigDict(extra="forbid")
+    token_ids: list[int]  # type: ignore[assignment]
+    logprobs: list[float] | None = None  # type: ignore[assignment]
+    prompt_ids: list[int] | None = None  # type: ignore[assignment]
 
-    schema_version: Literal[1] = 1
-    kind: Literal["turn"] = "turn"
-    created_at: float
-    trajectory_id: str
-    uid: str
-    sample_index: int
-    attempt_id: str
-    turn_index: int
-    role: Literal["assistant", "tool", "user"]
-    token_ids: list[int]
-    logprobs: list[float] | None
-    min_global_steps: int
-    max_global_steps: int
-    stop_reason: str | None = None
-    final: bool = False
+
+def _plain(event: TurnEvent) -> _PlainTurn:
+    """`event` with every field carried over by name, its arrays as lists."""
+    values = {name: getattr(event, name) for name in TurnEvent.model_fields}
+    return _PlainTurn(
+        **{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in values.items()}
+    )
 
 
 def _event(tokens: int, seed: int) -> TurnEvent:
@@ -80,20 +73,7 @@ def run(
     packed_bytes = encode(event)
     assert decode(packed_bytes) == event
 
-    plain = _PlainTurn(
-        created_at=event.created_at,
-        trajectory_id=event.trajectory_id,
-        uid=event.uid,
-        sample_index=event.sample_index,
-        attempt_id=event.attempt_id,
-        turn_index=event.turn_index,
-        role=event.role,
-        token_ids=event.token_ids.tolist(),
-        logprobs=event.logprobs.tolist() if event.logprobs is not None else None,
-        min_global_steps=event.min_global_steps,
-        max_global_steps=event.max_global_steps,
-        stop_reason=event.stop_reason,
-    )
+    plain = _plain(event)
     plain_bytes = orjson.dumps(plain.model_dump(mode="json"))
 
     def packed_round_trip() -> None:

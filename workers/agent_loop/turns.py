@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 from typing import Any
 
 from schemas.events import ExtraFields, PromptEvent, TurnEvent, trajectory_id
@@ -56,21 +57,18 @@ class TurnEmitter:
     async def _emit(self, record: TurnRecord, output: AgentLoopOutput | None) -> None:
         first = self._index == 0
         prompt = self.prompt
+        # Each of a TurnRecord's fields is the TurnEvent field of the same name; only turn 0
+        # carries the prompt ids.
+        turn = {f.name: getattr(record, f.name) for f in fields(TurnRecord)}
+        if not first:
+            turn["prompt_ids"] = None
         event = TurnEvent(
             trajectory_id=self.trajectory_id,
             uid=prompt.uid,
             sample_index=self.sample_index,
             attempt_id=self.attempt_id,
             turn_index=self._index,
-            role=record.role,
-            token_ids=record.token_ids,
-            logprobs=record.logprobs,
-            min_global_steps=record.min_global_steps,
-            max_global_steps=record.max_global_steps,
-            stop_reason=record.stop_reason,
-            tool_reward=record.tool_reward,
-            metrics=record.metrics,
-            prompt_ids=record.prompt_ids if first else None,
+            **turn,
             data_source=prompt.data_source if first else None,
             reward_model=prompt.reward_model if first else None,
             extra_info=prompt.extra_info if first else None,

@@ -1,28 +1,27 @@
 """Start the reward stage: `run_worker(kafka, topics, reward)` (what `rollout worker reward` runs).
 
-Checks the config, reads the source topic's partition count from the broker (the table's
-changelog is created with as many), loads the tokenizer, then runs the stage until SIGTERM
-or SIGINT (graceful: the batch in flight finishes and is committed) or SIGKILL (nothing is
-lost: uncommitted turns are redelivered and the stage de-duplicates).
+A `StageWorker` (`workers.kafka.stage_worker`): checks the config, reads the source topic's
+partition count from the broker (the table's changelog is created with as many), loads the
+tokenizer, then runs the stage until SIGTERM or SIGINT (graceful: the batch in flight
+finishes and is committed) or SIGKILL (nothing is lost: uncommitted turns are redelivered
+and the stage de-duplicates).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.kafka.stage_worker import StageWorker
 from workers.reward.config import RewardConfig
 from workers.reward.exceptions import RewardError
 
 if TYPE_CHECKING:
     from workers.metrics import StageMetrics
+    from workers.reward.app import RewardStage
 
 __all__ = ["FastDetokenizer", "load_tokenizer", "run_worker"]
-
-log = logging.getLogger("rollout.reward")
 
 
 class FastDetokenizer:
@@ -59,30 +58,19 @@ def load_tokenizer(path: str) -> Any:
         raise RewardError(f"cannot load the tokenizer from {path}: {exc}") from exc
 
 
-def run_worker(
-    kafka: KafkaConfig,
-    topics: TopicsConfig,
-    config: RewardConfig,
-    *,
-    metrics: StageMetrics | None = None,
-) -> int:
-    """Run the reward stage in this process until it is stopped; the exit status.
-
-    `metrics`: the process's `StageMetrics("reward")` (served by the caller), else its own.
-    """
-    missing = config.missing_for_start()
-    if missing:
-        raise RewardError(missing)
-
-    from workers.kafka.admin import prepare_stage
+def _build(
+    kafka: KafkaConfig, topics: TopicsConfig, config: RewardConfig, metrics: StageMetrics | None
+) -> RewardStage:
     from workers.reward.app import RewardStage
 
-    partitions = prepare_stage(
-        kafka, topics, source="turns", changelog=config.changelog_topic, error=RewardError
-    )
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
-    stage = RewardStage(kafka, topics, config, tokenizer=tokenizer, metrics=metrics)
-    log.info(
-        "reward stage %s on %s (%d partitions)", config.group_id, topics.name("turns"), partitions
-    )
-    return asyncio.run(stage.run())
+    return RewardStage(kafka, topics, config, tokenizer=tokenizer, metrics=metrics)
+
+
+run_worker: StageWorker[RewardConfig] = StageWorker(
+    name="reward",
+    source="turns",
+    build=_build,
+    error=RewardError,
+    check=RewardConfig.missing_for_start,
+)
