@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.kafka_state import BrokerState, cache_home, rollout_home
+from pipeline.kafka_state import INFRA, BrokerState, cache_home, rollout_home
 from workers.kafka.exceptions import KafkaUnavailableError
 
 __all__ = [
@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("rollout.kafka.local")
-
-INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
 
 
 def ensure_jars(*, quiet: bool = False) -> Path:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.kafka_state import BrokerState, rollout_home
+from pipeline.kafka_state import INFRA, BrokerState, rollout_home
 from workers.kafka.config import KafkaConfig
 from workers.kafka.exceptions import KafkaPlumbingError
 
@@ -59,7 +59,6 @@ __all__ = [
 
 log = logging.getLogger("rollout.kafka.secure")
 
-INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
 ADMIN_USER = "admin"
 MECHANISM = "SCRAM-SHA-512"
 BROKER_PRINCIPAL = "CN=rollout-broker"

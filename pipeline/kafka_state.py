@@ -2,8 +2,9 @@
 
 `rollout_home()` ($ROLLOUT_HOME, default ~/.rollout) holds one `kafka-<port>.json` per
 broker started (`BrokerState`) and the default data directories; `cache_home()` the resolved
-jars. Below both `kafka_local` (plain broker) and `kafka_secure` (its SASL_SSL variant), so
-neither needs the other to find a broker.
+jars; `INFRA` is the broker's build and config files in the project. Below both
+`kafka_local` (plain broker) and `kafka_secure` (its SASL_SSL variant), so neither needs the
+other to find a broker.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["BrokerState", "cache_home", "rollout_home"]
+__all__ = ["INFRA", "BrokerState", "cache_home", "rollout_home"]
+
+INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
 
 
 def rollout_home() -> Path:
