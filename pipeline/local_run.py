@@ -6,18 +6,20 @@ length). `local_run_config` writes the shared part once: consumer groups and app
 the run's topic prefix, the tiny model for every stage, short commit intervals and batch
 waits (a local run is small, so waiting for full batches only adds latency), the trainer on
 one CPU thread. `overrides` is merged into it section by section (nested mappings merge,
-anything else replaces).
+anything else replaces). `knobs_of` reads the knobs off a run's options dataclass.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig, load_config
 from workers.kafka.config import KafkaConfig
 
-__all__ = ["local_run_config", "merge"]
+__all__ = ["knobs_of", "local_run_config", "merge"]
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -85,3 +87,14 @@ def local_run_config(
         },
     }
     return load_config(None, merge(settings, overrides or {}))
+
+
+def knobs_of(opts: Any) -> dict[str, Any]:
+    """The fields of the dataclass `opts` that are knobs of `local_run_config` (its keywords
+    but `overrides`) by name, to pass on as they are."""
+    knobs = {
+        name
+        for name, param in inspect.signature(local_run_config).parameters.items()
+        if param.kind is param.KEYWORD_ONLY and name != "overrides"
+    }
+    return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name in knobs}

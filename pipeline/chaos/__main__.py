@@ -10,16 +10,14 @@ import sys
 
 from pipeline.chaos.faults import DEFAULT_FAULTS, parse_fault
 from pipeline.chaos.run import ChaosOptions, run_chaos
+from pipeline.cli_options import add_options, options_from
 from pipeline.config import ConfigError
 from schemas.errors import RolloutError
 from workers.kafka.client_logs import route_client_logs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--samples", type=int, default=2000, help="Samples (prompts × n).")
-    parser.add_argument("--n", type=int, default=4, help="Samples per prompt.")
-    parser.add_argument("--workers", type=int, default=2, help="Agent-loop worker processes.")
-    parser.add_argument("--replicas", type=int, default=2, help="hf replicas.")
+    add_options(parser, ChaosOptions)
     parser.add_argument(
         "--fault",
         action="append",
@@ -27,18 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FAULT",
         help=f"kill:|term:|stop:<process> or broker (repeat); default: {' '.join(DEFAULT_FAULTS)}",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Picks the faults' order and moments.")
-    parser.add_argument(
-        "--max-stale-share",
-        type=float,
-        default=0.05,
-        help="Fail when more of the samples than this are dropped as stale.",
-    )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="Give up after (s).")
-    parser.add_argument(
-        "--bootstrap-existing", dest="existing", help="Use this broker (no broker fault)."
-    )
-    parser.add_argument("--run-dir", help="Keep the run here (default: a temporary directory).")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON too.")
 
 
@@ -88,18 +74,7 @@ def main_with(args: argparse.Namespace) -> int:
     faults = _faults(args.faults, existing=args.existing)
     if args.existing:
         _reachable(args.existing)
-    opts = ChaosOptions(
-        samples=args.samples,
-        n=args.n,
-        agent_loop_workers=args.workers,
-        replicas=args.replicas,
-        faults=faults,
-        seed=args.seed,
-        max_stale_share=args.max_stale_share,
-        timeout_s=args.timeout,
-        bootstrap=args.existing,
-        run_dir=args.run_dir,
-    )
+    opts = options_from(args, ChaosOptions, faults=faults)
     report = run_chaos(opts)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "table"}))

@@ -44,6 +44,7 @@ from typing import Any
 
 from pipeline.chaos.accounting import Accounting, account, expected_ids
 from pipeline.chaos.faults import DEFAULT_FAULTS, Fault, schedule
+from pipeline.cli_options import option
 from pipeline.config import RunConfig
 from pipeline.local_run import local_run_config, merge
 from workers.kafka.config import KafkaConfig
@@ -55,13 +56,13 @@ log = logging.getLogger("rollout.chaos")
 
 @dataclass
 class ChaosOptions:
-    samples: int = 2000
-    n: int = 4
-    agent_loop_workers: int = 2
-    replicas: int = 2
+    samples: int = option(2000, "Samples (prompts × n).")
+    n: int = option(4, "Samples per prompt.")
+    agent_loop_workers: int = option(2, "Agent-loop worker processes.", flag="--workers")
+    replicas: int = option(2, "hf replicas.")
     faults: tuple[str, ...] = DEFAULT_FAULTS
-    seed: int = 0
-    timeout_s: float = 1800.0
+    seed: int = option(0, "Picks the faults' order and moments.")
+    timeout_s: float = option(1800.0, "Give up after (s).", flag="--timeout")
     stop_s: float = 16.0  # SIGSTOP length: longer than the 10 s consumer session timeout
     max_tokens: int = 32  # long enough a run for every fault to land while data moves
     max_staleness: int = 32  # one group a step: a version per group, so keep the bound loose
@@ -77,12 +78,16 @@ class ChaosOptions:
     # most `max_topups` times, and the faults left fire as soon as the pipeline recovers.
     topup_share: float = 0.75
     max_topups: int = 2
-    max_stale_share: float = 0.05  # more samples than this dropped as stale fails the run
+    max_stale_share: float = option(
+        0.05, "Fail when more of the samples than this are dropped as stale."
+    )
     # "scored": faults fire as the share of samples scored passes their triggers; "generating":
     # each fires as soon as the replicas are generating (a short run finishes in one step).
     trigger: str = "scored"
-    bootstrap: str | None = None
-    run_dir: str | None = None
+    bootstrap: str | None = option(
+        None, "Use this broker (no broker fault).", flag="--bootstrap-existing", dest="existing"
+    )
+    run_dir: str | None = option(None, "Keep the run here (default: a temporary directory).")
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 

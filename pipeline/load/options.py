@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cli_options import option
 from pipeline.config import RunConfig
-from pipeline.local_run import local_run_config
+from pipeline.local_run import knobs_of, local_run_config
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["LoadOptions", "load_run_config"]
@@ -22,23 +23,32 @@ __all__ = ["LoadOptions", "load_run_config"]
 
 @dataclass
 class LoadOptions:
-    minutes: float = 10.0
-    baseline_minute: float = 2.0  # memory growth and throughput are measured from here
-    sample_s: float = 15.0
-    replicas: int = 2
-    agent_loop_workers: int = 1
+    """A soak's options; those named as `local_run_config`'s knobs (`n`, `max_tokens`,
+    `in_flight`, `train_batch_size`, `sync_every`, `max_staleness`) reach it by name."""
+
+    minutes: float = option(10.0, "Minutes of load (default 10).")
+    baseline_minute: float = option(
+        2.0, "Memory growth and throughput are measured from this minute to the end."
+    )
+    sample_s: float = option(15.0, "Seconds between lag/memory samples.")
+    replicas: int = option(2, "hf replicas.")
+    agent_loop_workers: int = option(1, "Agent-loop worker processes.", flag="--workers")
     n: int = 4
-    max_tokens: int = 16
+    max_tokens: int = option(16, "Tokens per response.")
     in_flight: int = 64  # samples per agent-loop worker
     train_batch_size: int = 8
     sync_every: int = 2
     max_staleness: int = 8
-    backlog: int | None = None  # prompts waiting; default: half what the workers hold, ≥ 8
-    memory_limit_pct: float = 20.0
+    backlog: int | None = option(
+        None, "Prompts kept waiting (default: half what the workers hold, at least 8).", type=int
+    )
+    memory_limit_pct: float = option(20.0, "Allowed RSS growth, percent.", flag="--memory-limit")
     ready_timeout_s: float = 600.0
     drain_s: float = 180.0
-    model_dir: str | None = None
-    run_dir: str | None = None
+    model_dir: str | None = option(
+        None, "Policy model directory (default: the tiny model).", flag="--model"
+    )
+    run_dir: str | None = option(None, "Where logs and the report go (default reports/load-*).")
 
     @property
     def baseline(self) -> float:
@@ -57,12 +67,7 @@ def load_run_config(
         prefix,
         model,
         run,
-        n=opts.n,
-        train_batch_size=opts.train_batch_size,
-        max_tokens=opts.max_tokens,
-        max_staleness=opts.max_staleness,
-        in_flight=opts.in_flight,
-        sync_every=opts.sync_every,
+        **knobs_of(opts),
         overrides={
             "agent_loop": {"sampling": {"ignore_eos": True}},
             "replay": {"max_staleness": None},
