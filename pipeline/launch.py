@@ -37,8 +37,11 @@ __all__ = [
     "STAGES",
     "LocalPipeline",
     "StageExitedError",
+    "StagePlan",
     "StageProcess",
+    "log_tail",
     "secret_env",
+    "spawn_logged",
     "stage_plan",
 ]
 
@@ -58,6 +61,31 @@ REPO = Path(__file__).resolve().parent.parent
 STAGES = ("agent-loop", "reward", "replay", "train")
 
 
+def spawn_logged(
+    argv: list[str], log_path: Path, env: dict[str, str], cwd: str | Path = REPO
+) -> subprocess.Popen[bytes]:
+    """Start `argv` with its output appended to `log_path` and no stdin, as the leader of its
+    own process group, so a stop can signal it together with whatever it started."""
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def log_tail(log_path: Path, chars: int = 2000) -> str:
+    """The last `chars` characters of a process's log ('' before it wrote one)."""
+    try:
+        return log_path.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
 @dataclass
 class StageProcess:
     name: str
@@ -66,17 +94,7 @@ class StageProcess:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str]) -> None:
-        log_file = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,  # its own process group: stop() signals it and its children
-        )
-        log_file.close()
+        self.proc = spawn_logged(self.argv, self.log_path, env)
 
     @property
     def alive(self) -> bool:
@@ -91,61 +109,72 @@ class StageProcess:
                 pass
 
     def tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            return ""
+        return log_tail(self.log_path, chars)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What decides the processes of one run, but the replicas' ports.
+
+    Both launchers take these fields as keywords (`LocalPipeline(cfg, run_dir, model_dir=...,
+    backend="vllm")`, `ray_launch.up`) and start the same `processes`, so both run exactly the
+    commands a user would type.
+    """
+
+    model_dir: str
+    replica_threads: int = 1
+    stages: tuple[str, ...] = STAGES
+    agent_loop_workers: int = 1
+    host: str = "127.0.0.1"
+    backend: str = "hf"
+    replica_args: tuple[str, ...] = ()  # appended to every `replica serve` (`--tp 2` for vllm)
+
+    def processes(
+        self, replica_ports: list[int], metrics_ports: dict[str, int] | None = None
+    ) -> list[tuple[str, list[str]]]:
+        """The processes as `(name, rollout CLI arguments)`, in start order.
+
+        With more than one agent-loop worker they are named `agent-loop-0`, `agent-loop-1`,
+        ... (one consumer group; Kafka shares the partitions). `metrics_ports` maps process
+        names (not replicas: they serve `/metrics` on their own port) to the
+        `--metrics-port` each gets.
+        """
+        plan: list[tuple[str, list[str]]] = []
+        for i, port in enumerate(replica_ports):
+            url = f"http://{self.host}:{port}"
+            plan.append((f"replica-{i}", [
+                "replica", "serve",
+                "--backend", self.backend,
+                "--model", self.model_dir,
+                "--port", str(port),
+                "--replica-id", f"replica-{i}",
+                "--threads", str(self.replica_threads),
+                "--register",
+                *self.replica_args,
+            ]))  # fmt: skip
+            plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
+        commands = {
+            "agent-loop": ["worker", "agent-loop", "--model", self.model_dir],
+            "reward": ["worker", "reward"],
+            "replay": ["worker", "replay"],
+            "train": ["train"],
+        }
+        for stage in self.stages:
+            if stage not in commands:
+                raise ValueError(f"unknown stage {stage!r}; known: {', '.join(commands)}")
+            if stage == "agent-loop" and self.agent_loop_workers > 1:
+                workers = range(self.agent_loop_workers)
+                plan.extend((f"agent-loop-{i}", commands[stage]) for i in workers)
+            else:
+                plan.append((stage, commands[stage]))
+        return _with_metrics_ports(plan, metrics_ports or {})
 
 
 def stage_plan(
-    *,
-    model_dir: str,
-    replica_ports: list[int],
-    replica_threads: int = 1,
-    stages: tuple[str, ...] = STAGES,
-    agent_loop_workers: int = 1,
-    host: str = "127.0.0.1",
-    backend: str = "hf",
-    replica_args: tuple[str, ...] = (),
-    metrics_ports: dict[str, int] | None = None,
+    *, replica_ports: list[int], metrics_ports: dict[str, int] | None = None, **plan: Any
 ) -> list[tuple[str, list[str]]]:
-    """The processes of one run as `(name, rollout CLI arguments)`, in start order.
-
-    Pure: the local launcher and the Ray launcher start the same list, so both run exactly
-    the commands a user would type. With more than one agent-loop worker they are named
-    `agent-loop-0`, `agent-loop-1`, ... (one consumer group; Kafka shares the partitions).
-    `replica_args` are appended to every `replica serve` (e.g. `--tp 2` for vllm).
-    `metrics_ports` maps process names (not replicas: they serve `/metrics` on their own
-    port) to the `--metrics-port` each gets.
-    """
-    plan: list[tuple[str, list[str]]] = []
-    for i, port in enumerate(replica_ports):
-        url = f"http://{host}:{port}"
-        plan.append((f"replica-{i}", [
-            "replica", "serve",
-            "--backend", backend,
-            "--model", model_dir,
-            "--port", str(port),
-            "--replica-id", f"replica-{i}",
-            "--threads", str(replica_threads),
-            "--register",
-            *replica_args,
-        ]))  # fmt: skip
-        plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
-    commands = {
-        "agent-loop": ["worker", "agent-loop", "--model", model_dir],
-        "reward": ["worker", "reward"],
-        "replay": ["worker", "replay"],
-        "train": ["train"],
-    }
-    for stage in stages:
-        if stage not in commands:
-            raise ValueError(f"unknown stage {stage!r}; known: {', '.join(commands)}")
-        if stage == "agent-loop" and agent_loop_workers > 1:
-            plan.extend((f"agent-loop-{i}", commands[stage]) for i in range(agent_loop_workers))
-        else:
-            plan.append((stage, commands[stage]))
-    return _with_metrics_ports(plan, metrics_ports or {})
+    """The processes of one run: `StagePlan(**plan).processes(replica_ports, metrics_ports)`."""
+    return StagePlan(**plan).processes(replica_ports, metrics_ports)
 
 
 def _with_metrics_ports(
@@ -179,26 +208,17 @@ class LocalPipeline:
         cfg: RunConfig,
         run_dir: str | Path,
         *,
-        model_dir: str,
         replicas: int = 2,
-        replica_threads: int = 1,
-        stages: tuple[str, ...] = STAGES,
         extra_env: dict[str, str] | None = None,
-        agent_loop_workers: int = 1,
         metrics: bool = False,
-        backend: str = "hf",
-        replica_args: tuple[str, ...] = (),
+        **plan: Any,
     ) -> None:
+        """`plan`: the fields of `StagePlan` (`model_dir`, `backend`, `agent_loop_workers`, ...)."""
         self.cfg = cfg
-        self.backend = backend
-        self.replica_args = replica_args  # appended to every `replica serve`
+        self.plan = StagePlan(**plan)
         self.run_dir = Path(run_dir)
-        self.model_dir = model_dir
         self.replicas = replicas
-        self.replica_threads = replica_threads
-        self.stages = stages
         self.extra_env = extra_env or {}
-        self.agent_loop_workers = agent_loop_workers
         self.processes: list[StageProcess] = []
         self.replica_urls: list[str] = []
         self.metrics = metrics  # each non-replica process serves /metrics on a free port
@@ -214,15 +234,7 @@ class LocalPipeline:
         base = [sys.executable, "-m", "pipeline.cli", "--config", str(config_path)]
         ports = [free_port() for _ in range(self.replicas)]
         self.replica_urls = [f"http://127.0.0.1:{port}" for port in ports]
-        plan = stage_plan(
-            model_dir=self.model_dir,
-            replica_ports=ports,
-            replica_threads=self.replica_threads,
-            stages=self.stages,
-            agent_loop_workers=self.agent_loop_workers,
-            backend=self.backend,
-            replica_args=self.replica_args,
-        )
+        plan = self.plan.processes(ports)
         if self.metrics:
             names = [name for name, _ in plan if not name.startswith("replica-")]
             self.metrics_ports = {name: free_port() for name in names}

@@ -1,6 +1,6 @@
 """Launch the whole pipeline as Ray actors: `rollout up --ray [ADDRESS]`, `rollout down`.
 
-The Ray launcher starts exactly the plan of the local one (`pipeline.launch.stage_plan`): one
+The Ray launcher starts exactly the plan of the local one (`pipeline.launch.StagePlan`): one
 detached, named actor per entry, in the fixed namespace `rollout-pipeline`, named
 `<run>/<stage>` (`default/replica-0`, `default/train`, ...). Each actor supervises one child
 process running the same `rollout` command a user would type, so the workers keep their own
@@ -29,13 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.config import RunConfig
-from pipeline.launch import STAGES, secret_env, stage_plan
+from pipeline.launch import StagePlan, secret_env
 from pipeline.ray_stage import StageRunner
 from schemas.errors import RolloutError
 from workers.llm.placement import ReplicaPlacementConfig
@@ -227,21 +228,22 @@ def up(
     cfg: RunConfig,
     *,
     address: str | None,
-    model_dir: str,
     run_dir: str | Path,
     run: str = "default",
     replicas: int = 2,
-    replica_threads: int = 1,
-    agent_loop_workers: int = 1,
-    stages: tuple[str, ...] = STAGES,
-    backend: str = "hf",
     parallel: tuple[int, int, int] = (1, 1, 1),
     start_timeout_s: float = 600.0,
     extra_env: dict[str, str] | None = None,
+    **plan: Any,
 ) -> list[dict[str, Any]]:
-    """Start every stage of one run as detached actors; one description per actor."""
+    """Start every stage of one run as detached actors; one description per actor.
+
+    `plan`: the fields of `StagePlan` (`model_dir`, `backend`, `replica_threads`, ...); a
+    GPU backend's replicas also get `--tp/--dp/--pp` of `parallel`."""
     import ray
 
+    layout = StagePlan(**plan)
+    backend, stages, replica_threads = layout.backend, layout.stages, layout.replica_threads
     connect(address, start_local=True)
     if _actors(run):
         raise LaunchError(f"run {run!r} is already up; `rollout down --run {run}` first")
@@ -256,26 +258,10 @@ def up(
         if "train" in stages and not ranks
         else 0
     )
-    replica_args = (
-        ()
-        if backend == "hf"
-        else tuple(
-            arg
-            for flag, size in zip(("--tp", "--dp", "--pp"), parallel, strict=True)
-            for arg in (flag, str(size))
-        )
-    )
-
-    def plan(ports: list[int]) -> list[tuple[str, list[str]]]:
-        return stage_plan(
-            model_dir=model_dir,
-            replica_ports=ports,
-            replica_threads=replica_threads,
-            stages=stages,
-            agent_loop_workers=agent_loop_workers,
-            backend=backend,
-            replica_args=replica_args,
-        )
+    if backend != "hf":
+        sizes = zip(("--tp", "--dp", "--pp"), parallel, strict=True)
+        parallel_args = tuple(arg for flag, size in sizes for arg in (flag, str(size)))
+        layout = replace(layout, replica_args=(*layout.replica_args, *parallel_args))
 
     def resources(name: str) -> tuple[float, float]:
         if name == "train" and ranks:
@@ -288,7 +274,7 @@ def up(
             trainer_gpus=train_gpus,
         )
 
-    needed = sum(resources(name)[0] for name, _ in plan([0] * replicas)) + ranks
+    needed = sum(resources(name)[0] for name, _ in layout.processes([0] * replicas)) + ranks
     have = ray.cluster_resources().get("CPU", 0.0)
     if needed > have:
         _bad(
@@ -325,7 +311,7 @@ def up(
             "placing the replicas",
         )
         pending, addresses = [], {}
-        for name, argv in plan([place["port"] for place in places]):
+        for name, argv in layout.processes([place["port"] for place in places]):
             kind, _, index = name.partition("-")
             if kind == "replica":
                 place = places[int(index)]

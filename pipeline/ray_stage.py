@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.launch import REPO
+from pipeline.launch import REPO, log_tail, spawn_logged
 
 __all__ = ["StageRunner"]
 
@@ -61,16 +61,7 @@ class StageRunner:
         child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         paths = [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
         child_env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
-        with self.log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=child_env,
-                cwd=cwd or REPO,
-                start_new_session=True,  # its own process group: stop it with its children
-            )
+        self.proc = spawn_logged(self.argv, self.log_path, child_env, cwd or REPO)
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
@@ -103,10 +94,7 @@ class StageRunner:
         return self.proc.wait(timeout=10)
 
     def tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            return ""
+        return log_tail(self.log_path, chars)
 
     def _signal(self, sig: int, *, after_exit: bool = False) -> None:
         """Signal the child's process group; `after_exit`: also once the child has exited,

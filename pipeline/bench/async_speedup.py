@@ -14,62 +14,36 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.arithmetic import arithmetic_rows
-from pipeline.bench.common import bench_broker, tiny_model
-from pipeline.config import RunConfig
+from pipeline.bench.common import bench_broker, prompted_run, tiny_model
 from pipeline.launch import LocalPipeline
-from pipeline.local_run import local_run_config
-from pipeline.producer import PromptProducer
-from pipeline.topics import create_topics, delete_topics
+from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["run"]
 
 
-def _config(
-    kafka: KafkaConfig,
-    prefix: str,
-    model: str,
-    run_dir: Path,
-    staleness: int,
-    *,
-    steps: int,
-    batch: int,
-    n: int,
-    max_tokens: int,
-) -> RunConfig:
-    return local_run_config(
+def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: int) -> dict[str, Any]:
+    """One run at `max_staleness = staleness`; `kw`: the benchmark's settings (`run`)."""
+    steps, batch, n = kw["steps"], kw["batch"], kw["n"]
+    run_dir = root / f"staleness-{staleness}"
+    cfg = prompted_run(
         kafka,
-        prefix,
         model,
         run_dir,
+        f"async-{staleness}",
+        # Enough prompts for every step even if some groups are dropped as stale.
+        prompts=batch * (steps + 4) * 2,
+        seed=staleness,
         n=n,
         train_batch_size=batch,
-        max_tokens=max_tokens,
+        max_tokens=kw["max_tokens"],
         max_staleness=staleness,
         in_flight=batch * n * (staleness + 1),
-        overrides={
-            "agent_loop": {"sampling": {"ignore_eos": True}},
-            "trainer": {"max_steps": steps},
-        },
+        overrides={"trainer": {"max_steps": steps}},
     )
-
-
-def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: Any) -> dict[str, Any]:
-    prefix = f"async-{staleness}-{uuid.uuid4().hex[:6]}."
-    run_dir = root / f"staleness-{staleness}"
-    cfg = _config(kafka, prefix, model, run_dir, staleness, **kw)
-    create_topics(cfg.kafka, cfg.topics)
-    steps, batch = kw["steps"], kw["batch"]
-    with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        # Enough prompts for every step even if some groups are dropped as stale.
-        producer.produce_rows(
-            arithmetic_rows(batch * (steps + 4) * 2, seed=staleness), uid_prefix=prefix
-        )
     metrics = run_dir / "ckpt" / "metrics.jsonl"
     with LocalPipeline(cfg, run_dir, model_dir=model, replicas=1, replica_threads=1) as pipe:
         deadline = time.monotonic() + 900

@@ -2,6 +2,7 @@
 
 Every benchmark measures its baseline in the same run and reports a ratio (this machine is
 shared and noisy; absolute times mean little). Heavy modules are imported inside each command.
+Each benchmark is one row of `BENCHES`: its parser and its command both come from that row.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,73 +21,6 @@ from pipeline.config import RunConfig
 __all__ = ["add_bench_parsers"]
 
 Handler = Callable[[argparse.Namespace, RunConfig], int]
-
-
-def _bench(
-    module: str,
-    names: str,
-    *,
-    kafka: bool = False,
-    model: str | None = None,
-    extra: Callable[[argparse.Namespace, RunConfig], dict[str, Any]] | None = None,
-) -> Handler:
-    """The handler of a benchmark that is `pipeline.bench.<module>.run(...)` of its flags.
-
-    `names`: the keyword arguments taken from the flags of the same name, space-separated
-    (`kw=flag` to rename); `kafka`: the run's `KafkaConfig` goes first; `model`: that flag
-    (`model` or `tokenizer`) must name a model directory when given; `extra`: more keyword
-    arguments.
-    """
-    pairs = [(kw, flag or kw) for kw, _, flag in (n.partition("=") for n in names.split())]
-
-    def handler(args: argparse.Namespace, cfg: RunConfig) -> int:
-        if model is not None:
-            _checked_model(args, model)
-        run = importlib.import_module(f"pipeline.bench.{module}").run
-        kwargs = {kw: getattr(args, flag) for kw, flag in pairs}
-        kwargs.update(extra(args, cfg) if extra else {})
-        _emit(run(*([cfg.kafka] if kafka else []), **kwargs), args.json)
-        return 0
-
-    return handler
-
-
-_MODEL = "model_dir=model"
-cmd_bench_serialization = _bench("serialization", "tokens rounds")
-cmd_bench_router = _bench("router", "replicas ids")
-cmd_bench_prefix = _bench(
-    "prefix", f"{_MODEL} conversations concurrency system_tokens task_tokens", model="model"
-)
-cmd_bench_reward = _bench(
-    "reward",
-    "trajectories turns tokens pool_workers batch_size tokenizer",
-    kafka=True,
-    model="tokenizer",
-)
-cmd_bench_async = _bench(
-    "async_speedup", f"steps batch n max_tokens {_MODEL}", kafka=True, model="model"
-)
-cmd_bench_agent_loop = _bench("agent_loop", f"prompts rounds {_MODEL}", kafka=True, model="model")
-cmd_bench_vllm = _bench(
-    "vllm",
-    f"requests concurrency max_tokens rounds {_MODEL} log_dir",
-    kafka=True,
-    extra=lambda args, cfg: {"vllm_python": args.vllm_python or cfg.vllm.python},
-)
-cmd_bench_pipeline = _bench(
-    "end_to_end",
-    f"prompts n max_tokens replicas raw_messages {_MODEL}",
-    kafka=True,
-    model="model",
-)
-cmd_bench_train_step = _bench("train_step", "groups n response_tokens mini_batches epochs rounds")
-cmd_bench_fsdp = _bench("fsdp", "ranks")
-cmd_bench_routing = _bench(
-    "routing",
-    f"prompts n max_tokens workers in_flight big_batch small_batch rounds {_MODEL}",
-    kafka=True,
-    model="model",
-)
 
 
 def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -168,165 +103,214 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
             print(f"{key:>28}: {value}")
 
 
-_MODEL_HELP = "Model directory (default: build the tiny model)."
+@dataclass(frozen=True)
+class Bench:
+    """One `rollout bench NAME`, by default `pipeline.bench.<module>.run(...)` of its flags.
+
+    `flags`: each a default or (default, help); `pool_workers` is `--pool-workers`, the type is
+    the default's (str for None), and each reaches `run` as the keyword of its name. `model`
+    adds `--model`, which reaches `run` as `model_dir`; `check` names the flag that must name
+    a model directory when given (`--model` unless told otherwise). `kafka`: the run's
+    `KafkaConfig` goes first; `extra`: more keyword arguments. `command`: a handler of its own
+    instead (it reads the flags itself). Every benchmark takes `--json`.
+    """
+
+    name: str
+    text: str
+    module: str = ""
+    flags: dict[str, Any] = field(default_factory=dict)
+    kafka: bool = False
+    model: bool = False
+    check: str | None = "model"
+    extra: Callable[[argparse.Namespace, RunConfig], dict[str, Any]] | None = None
+    command: Handler | None = None
+
+    def handler(self, args: argparse.Namespace, cfg: RunConfig) -> int:
+        if self.command is not None:
+            return self.command(args, cfg)
+        if self.check is not None:
+            _checked_model(args, self.check)
+        run = importlib.import_module(f"pipeline.bench.{self.module}").run
+        kwargs = {flag: getattr(args, flag) for flag in self.flags}
+        if self.model:
+            kwargs["model_dir"] = args.model
+        kwargs.update(self.extra(args, cfg) if self.extra else {})
+        _emit(run(*([cfg.kafka] if self.kafka else []), **kwargs), args.json)
+        return 0
+
+    def add_parser(self, bsub: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = bsub.add_parser(self.name, help=self.text)
+        for key, value in self.flags.items():
+            default, help_ = value if isinstance(value, tuple) else (value, None)
+            kind = str if default is None else type(default)
+            parser.add_argument(
+                f"--{key.replace('_', '-')}", type=kind, default=default, help=help_
+            )
+        if self.model:
+            parser.add_argument("--model", help="Model directory (default: build the tiny model).")
+        parser.add_argument("--json", action="store_true")
+        parser.set_defaults(handler=self.handler)
+        return parser
 
 
-def _bench(
-    bsub: Any, name: str, text: str, handler: Any, *, model: bool = False, **options: Any
-) -> Any:
-    """One `rollout bench NAME` parser. `options` are its flags (`pool_workers` is
-    `--pool-workers`), each a default or (default, help); the type is the default's (str for
-    None). `model` adds `--model`; every benchmark takes `--json`."""
-    parser = bsub.add_parser(name, help=text)
-    for key, value in options.items():
-        default, help_ = value if isinstance(value, tuple) else (value, None)
-        kind = str if default is None else type(default)
-        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, default=default, help=help_)
-    if model:
-        parser.add_argument("--model", help=_MODEL_HELP)
-    parser.add_argument("--json", action="store_true")
-    parser.set_defaults(handler=handler)
-    return parser
+_SAMPLES_PER_PROMPT = (4, "Samples per prompt.")
+
+BENCHES: tuple[Bench, ...] = (
+    Bench(
+        "serialization",
+        "Wire codec vs plain JSON lists.",
+        "serialization",
+        {"tokens": 4096, "rounds": 5},
+    ),
+    Bench(
+        "router",
+        "Balancer acquire+release pairs per second.",
+        "router",
+        {"replicas": 8, "ids": 10_000},
+    ),
+    Bench(
+        "engine",
+        "hf engine: concurrent vs serial tokens/s.",
+        flags={"concurrency": 16},
+        model=True,
+        command=cmd_bench_engine,
+    ),
+    Bench(
+        "prefix-routing",
+        "Sticky vs round-robin over 4 hf replicas.",
+        "prefix",
+        {
+            "conversations": 64,
+            "concurrency": 64,
+            "system_tokens": (640, "Shared system prompt (tool schemas)."),
+            "task_tokens": (64, "Each conversation's own task."),
+        },
+        model=True,
+    ),
+    Bench(
+        "reward",
+        "Reward stage vs a bare consume→produce copy.",
+        "reward",
+        {
+            "trajectories": 2000,
+            "turns": 4,
+            "tokens": 256,
+            "pool_workers": 2,
+            "batch_size": 1024,
+            "tokenizer": (None, "Model/tokenizer directory (default: build one)."),
+        },
+        kafka=True,
+        check="tokenizer",
+    ),
+    Bench(
+        "async-speedup",
+        "max_staleness 0 vs 2, same steps, same run.",
+        "async_speedup",
+        {
+            "steps": 8,
+            "batch": (2, "Groups per trainer step."),
+            "n": _SAMPLES_PER_PROMPT,
+            "max_tokens": 48,
+        },
+        kafka=True,
+        model=True,
+    ),
+    Bench(
+        "agent-loop",
+        "Agent loops direct vs through Kafka.",
+        "agent_loop",
+        {
+            "prompts": (96, "Prompts per side per round."),
+            "rounds": (9, "Rounds (each runs both sides)."),
+        },
+        kafka=True,
+        model=True,
+    ),
+    Bench(
+        "vllm",
+        "vLLM direct vs the contract vs Kafka; logprob drift.",
+        "vllm",
+        {
+            "requests": 32,
+            "concurrency": 8,
+            "max_tokens": 128,
+            "rounds": 3,
+            "vllm_python": (None, "Interpreter with vLLM (default: .venv-vllm's)."),
+            "log_dir": (None, "Where the replica's log goes (default: a temp dir)."),
+        },
+        kafka=True,
+        model=True,
+        check=None,
+        extra=lambda args, cfg: {"vllm_python": args.vllm_python or cfg.vllm.python},
+    ),
+    Bench(
+        "pipeline",
+        "End-to-end trajectories/s, 1 and 2 agent-loop workers.",
+        "end_to_end",
+        {
+            "prompts": 48,
+            "n": _SAMPLES_PER_PROMPT,
+            "max_tokens": 16,
+            "replicas": 2,
+            "raw_messages": (5000, "Baseline message count."),
+        },
+        kafka=True,
+        model=True,
+    ),
+    Bench(
+        "learn",
+        "N independent demo pipelines: does each one learn?",
+        flags={
+            "runs": (10, "Independent runs (seeds) per η."),
+            "staleness": ("2", "max_staleness values, e.g. 0,2."),
+            "seed": (0, "Seed of the first run."),
+            "target": (0.6, "Reward (mean of 5 steps) that times time_to_reward_s."),
+            "out": (None, "Keep every run's directory here (default: a temp dir)."),
+        },
+        command=cmd_bench_learn,
+    ),
+    Bench(
+        "train-step",
+        "Trainer step: one update vs PPO mini-batches.",
+        "train_step",
+        {
+            "groups": 8,
+            "n": (8, "Samples per group."),
+            "response_tokens": 8,
+            "mini_batches": 2,
+            "epochs": 1,
+            "rounds": 7,
+        },
+    ),
+    Bench("fsdp", "One trainer step: 1 process vs N FSDP2 gloo ranks.", "fsdp", {"ranks": 2}),
+    Bench(
+        "routing",
+        "Load-aware vs local-only routing, 3 workers.",
+        "routing",
+        {
+            "prompts": 16,
+            "n": _SAMPLES_PER_PROMPT,
+            "max_tokens": 32,
+            "workers": (3, "Agent-loop worker processes."),
+            "in_flight": (8, "Samples in flight per worker."),
+            "big_batch": (16, "The big replica's max batch."),
+            "small_batch": (1, "The small one's."),
+            "rounds": (2, "Runs of each mode (ABBA order)."),
+        },
+        kafka=True,
+        model=True,
+    ),
+)
 
 
 def add_bench_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="Benchmarks; each prints one JSON object with --json.")
     b = bench.add_subparsers(dest="benchmark", required=True)
-    _bench(
-        b,
-        "serialization",
-        "Wire codec vs plain JSON lists.",
-        cmd_bench_serialization,
-        tokens=4096,
-        rounds=5,
-    )
-    _bench(
-        b,
-        "router",
-        "Balancer acquire+release pairs per second.",
-        cmd_bench_router,
-        replicas=8,
-        ids=10_000,
-    )
-    _bench(
-        b,
-        "engine",
-        "hf engine: concurrent vs serial tokens/s.",
-        cmd_bench_engine,
-        model=True,
-        concurrency=16,
-    )
-    _bench(
-        b,
-        "prefix-routing",
-        "Sticky vs round-robin over 4 hf replicas.",
-        cmd_bench_prefix,
-        model=True,
-        conversations=64,
-        concurrency=64,
-        system_tokens=(640, "Shared system prompt (tool schemas)."),
-        task_tokens=(64, "Each conversation's own task."),
-    )
-    _bench(
-        b,
-        "reward",
-        "Reward stage vs a bare consume→produce copy.",
-        cmd_bench_reward,
-        trajectories=2000,
-        turns=4,
-        tokens=256,
-        pool_workers=2,
-        batch_size=1024,
-        tokenizer=(None, "Model/tokenizer directory (default: build one)."),
-    )
-    _bench(
-        b,
-        "async-speedup",
-        "max_staleness 0 vs 2, same steps, same run.",
-        cmd_bench_async,
-        model=True,
-        steps=8,
-        batch=(2, "Groups per trainer step."),
-        n=(4, "Samples per prompt."),
-        max_tokens=48,
-    )
-    _bench(
-        b,
-        "agent-loop",
-        "Agent loops direct vs through Kafka.",
-        cmd_bench_agent_loop,
-        model=True,
-        prompts=(96, "Prompts per side per round."),
-        rounds=(9, "Rounds (each runs both sides)."),
-    )
-    _bench(
-        b,
-        "vllm",
-        "vLLM direct vs the contract vs Kafka; logprob drift.",
-        cmd_bench_vllm,
-        model=True,
-        requests=32,
-        concurrency=8,
-        max_tokens=128,
-        rounds=3,
-        vllm_python=(None, "Interpreter with vLLM (default: .venv-vllm's)."),
-        log_dir=(None, "Where the replica's log goes (default: a temp dir)."),
-    )
-    _bench(
-        b,
-        "pipeline",
-        "End-to-end trajectories/s, 1 and 2 agent-loop workers.",
-        cmd_bench_pipeline,
-        model=True,
-        prompts=48,
-        n=(4, "Samples per prompt."),
-        max_tokens=16,
-        replicas=2,
-        raw_messages=(5000, "Baseline message count."),
-    )
-    learn = _bench(
-        b,
-        "learn",
-        "N independent demo pipelines: does each one learn?",
-        cmd_bench_learn,
-        runs=(10, "Independent runs (seeds) per η."),
-        staleness=("2", "max_staleness values, e.g. 0,2."),
-        seed=(0, "Seed of the first run."),
-        target=(0.6, "Reward (mean of 5 steps) that times time_to_reward_s."),
-        out=(None, "Keep every run's directory here (default: a temp dir)."),
-    )
-    learn.add_argument(
+    parsers = {spec.name: spec.add_parser(b) for spec in BENCHES}
+    parsers["learn"].add_argument(
         "--recipe",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="Override a field of the demo recipe (repeatable).",
-    )
-    _bench(
-        b,
-        "train-step",
-        "Trainer step: one update vs PPO mini-batches.",
-        cmd_bench_train_step,
-        groups=8,
-        n=(8, "Samples per group."),
-        response_tokens=8,
-        mini_batches=2,
-        epochs=1,
-        rounds=7,
-    )
-    _bench(b, "fsdp", "One trainer step: 1 process vs N FSDP2 gloo ranks.", cmd_bench_fsdp, ranks=2)
-    _bench(
-        b,
-        "routing",
-        "Load-aware vs local-only routing, 3 workers.",
-        cmd_bench_routing,
-        model=True,
-        prompts=16,
-        n=(4, "Samples per prompt."),
-        max_tokens=32,
-        workers=(3, "Agent-loop worker processes."),
-        in_flight=(8, "Samples in flight per worker."),
-        big_batch=(16, "The big replica's max batch."),
-        small_batch=(1, "The small one's."),
-        rounds=(2, "Runs of each mode (ABBA order)."),
     )

@@ -1,4 +1,5 @@
-"""What several benchmarks share: a broker to run against, the tiny model, and the rounds.
+"""What several benchmarks share: a broker to run against, the tiny model, a run's prompts on
+its own topics, and the rounds.
 
 A benchmark compares sides (a baseline and the thing measured) in the same run: `interleaved`
 runs them in turn each round, `paired_ratio` reports the median of the per-round ratios with
@@ -13,11 +14,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.kafka.config import KafkaConfig
 
-__all__ = ["bench_broker", "interleaved", "paired_ratio", "rates", "tiny_model"]
+if TYPE_CHECKING:
+    from pipeline.config import RunConfig
+
+__all__ = ["bench_broker", "interleaved", "paired_ratio", "prompted_run", "rates", "tiny_model"]
 
 
 @contextmanager
@@ -54,6 +58,42 @@ def tiny_model(model_dir: str | None = None) -> Iterator[str]:
 
     with tempfile.TemporaryDirectory(prefix="rollout-bench-model-") as tmp:
         yield str(init_model(Path(tmp) / "tiny", preset="tiny", seed=0))
+
+
+def prompted_run(
+    kafka: KafkaConfig,
+    model: str,
+    run_dir: Path,
+    tag: str,
+    *,
+    prompts: int,
+    seed: int,
+    overrides: dict[str, Any] | None = None,
+    **knobs: Any,
+) -> RunConfig:
+    """The config of one local run of a benchmark, its topics created, `prompts` arithmetic
+    prompts (of `seed`) on them.
+
+    The topics are the run's own, under a fresh prefix `<tag>-<6 hex>.`; `knobs` and
+    `overrides` are `local_run_config`'s; every response runs to `max_tokens` (`ignore_eos`),
+    so each side of a benchmark does the same work.
+    """
+    import uuid
+
+    from pipeline.arithmetic import arithmetic_rows
+    from pipeline.local_run import local_run_config, merge
+    from pipeline.producer import PromptProducer
+    from pipeline.topics import create_topics
+
+    prefix = f"{tag}-{uuid.uuid4().hex[:6]}."
+    fixed_length = {"agent_loop": {"sampling": {"ignore_eos": True}}}
+    cfg = local_run_config(
+        kafka, prefix, model, run_dir, overrides=merge(fixed_length, overrides or {}), **knobs
+    )
+    create_topics(cfg.kafka, cfg.topics)
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        producer.produce_rows(arithmetic_rows(prompts, seed=seed), uid_prefix=prefix)
+    return cfg
 
 
 def interleaved(sides: dict[str, Callable[[int], float]], rounds: int) -> dict[str, list[float]]:

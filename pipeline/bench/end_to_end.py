@@ -23,40 +23,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.arithmetic import arithmetic_rows
-from pipeline.bench.common import bench_broker, tiny_model
-from pipeline.config import RunConfig
+from pipeline.bench.common import bench_broker, prompted_run, tiny_model
 from pipeline.launch import LocalPipeline
-from pipeline.local_run import local_run_config
-from pipeline.producer import PromptProducer
-from pipeline.topics import create_topics, delete_topics
+from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["run"]
-
-
-def _config(
-    kafka: KafkaConfig,
-    prefix: str,
-    model: str,
-    run_dir: Path,
-    *,
-    n: int,
-    batch: int,
-    max_tokens: int,
-) -> RunConfig:
-    return local_run_config(
-        kafka,
-        prefix,
-        model,
-        run_dir,
-        n=n,
-        train_batch_size=batch,
-        max_tokens=max_tokens,
-        max_staleness=None,
-        sync_every=4,
-        overrides={"agent_loop": {"sampling": {"ignore_eos": True}}},
-    )
 
 
 def _steps(metrics: Path) -> list[dict[str, Any]]:
@@ -100,12 +72,20 @@ def _one(
     replicas: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    prefix = f"e2e-{workers}w-{uuid.uuid4().hex[:6]}."
     run_dir = root / f"{workers}w"
-    cfg = _config(kafka, prefix, model, run_dir, n=n, batch=batch, max_tokens=max_tokens)
-    create_topics(cfg.kafka, cfg.topics)
-    with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        producer.produce_rows(arithmetic_rows(prompts, seed=1), uid_prefix=prefix)
+    cfg = prompted_run(
+        kafka,
+        model,
+        run_dir,
+        f"e2e-{workers}w",
+        prompts=prompts,
+        seed=1,
+        n=n,
+        train_batch_size=batch,
+        max_tokens=max_tokens,
+        max_staleness=None,
+        sync_every=4,
+    )
     metrics = run_dir / "ckpt" / "metrics.jsonl"
     total = prompts * n
     with LocalPipeline(

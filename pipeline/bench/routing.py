@@ -24,18 +24,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.arithmetic import arithmetic_rows
-from pipeline.bench.common import bench_broker, tiny_model
+from pipeline.bench.common import bench_broker, prompted_run, tiny_model
 from pipeline.launch import StageProcess
-from pipeline.local_run import local_run_config
-from pipeline.producer import PromptProducer
-from pipeline.topics import create_topics, delete_topics
+from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
 from workers.llm.replicas.local import free_port, wait_healthy
 
@@ -99,32 +95,28 @@ def _one(
     n: int,
     max_tokens: int,
     workers: int,
-    in_flight: int,
+    in_flight_per_worker: int,
     timeout_s: float,
 ) -> dict[str, Any]:
-    prefix = f"route-{mode}-{uuid.uuid4().hex[:6]}."
     run_dir = root / f"{mode}-{seed}"
     (run_dir / "logs").mkdir(parents=True)
-    cfg = local_run_config(
+    before = {url: _completions(url) for url in urls}  # no worker runs yet: nothing asks them
+    cfg = prompted_run(
         kafka,
-        prefix,
         model,
         run_dir,
+        f"route-{mode}",
+        prompts=prompts,
+        seed=seed,
         n=n,
         train_batch_size=4,
         max_tokens=max_tokens,
         max_staleness=None,
-        in_flight=in_flight,
-        overrides={
-            "agent_loop": {"sampling": {"ignore_eos": True}, "llm": {"routing": MODES[mode]}}
-        },
+        in_flight=in_flight_per_worker,
+        overrides={"agent_loop": {"llm": {"routing": MODES[mode]}}},
     )
-    create_topics(cfg.kafka, cfg.topics)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
-    before = {url: _completions(url) for url in urls}
-    with PromptProducer(cfg.kafka, cfg.topics) as producer:
-        producer.produce_rows(arithmetic_rows(prompts, seed=seed), uid_prefix=prefix)
     argv = [
         sys.executable,
         "-m",
@@ -181,15 +173,15 @@ def run(
     model_dir: str | None = None,
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
-    settings = {
+    # What every run of both modes shares (`_one`'s keywords), and the replicas' sizes.
+    per_run = {
         "prompts": prompts,
         "n": n,
         "max_tokens": max_tokens,
         "workers": workers,
         "in_flight_per_worker": in_flight,
-        "big_batch": big_batch,
-        "small_batch": small_batch,
     }
+    settings = {**per_run, "big_batch": big_batch, "small_batch": small_batch}
     with (
         tiny_model(model_dir) as model,
         bench_broker(kafka) as kafka_cfg,
@@ -239,18 +231,7 @@ def run(
                 (
                     mode,
                     _one(
-                        kafka_cfg,
-                        model,
-                        urls,
-                        root,
-                        mode,
-                        100 + i,
-                        timeout_s=timeout_s,
-                        prompts=prompts,
-                        n=n,
-                        max_tokens=max_tokens,
-                        workers=workers,
-                        in_flight=in_flight,
+                        kafka_cfg, model, urls, root, mode, 100 + i, timeout_s=timeout_s, **per_run
                     ),
                 )
                 for i, mode in enumerate(order)
