@@ -57,17 +57,22 @@ VLLM_REPLICA_ARGS = ("--dtype", "float32", "--vllm-arg=--enforce-eager", "--vllm
 VLLM_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+def model_dir_in(run_dir: Path) -> Path:
+    """Where a demo run keeps its model: initialised, warm-started, served and trained there."""
+    return run_dir / "model"
+
+
 def demo_config(
     cfg: RunConfig,
     *,
     prefix: str,
-    model_dir: Path,
     run_dir: Path,
     recipe: DemoRecipe,
     max_staleness: int = MAX_STALENESS,
     backend: str = "hf",
 ) -> RunConfig:
     """`cfg` (Kafka settings kept) with every stage configured for the demo's recipe."""
+    model_dir = model_dir_in(run_dir)
     data = cfg.model_dump()
     staleness = max_staleness
     updates: dict[str, dict[str, Any]] = {
@@ -108,19 +113,13 @@ def demo_config(
             "model_dir": str(model_dir),
             "checkpoint_dir": str(run_dir / "checkpoints"),
             "group_id": f"{prefix}trainer",
-            "train_batch_size": recipe.train_batch_size,
             "micro_batch_size": recipe.train_batch_size * recipe.n,
             "sync_every": 1,
             "max_steps": recipe.steps,
             "max_staleness": staleness,
             "torch_threads": 1,
-            "lr": recipe.lr,
             "seed": recipe.seed,
-            "ppo_mini_batches": recipe.ppo_mini_batches,
-            "ppo_epochs": recipe.ppo_epochs,
-            "kl_coef": recipe.kl_coef,
-            "entropy_coeff": recipe.entropy_coeff,
-            "mask_truncated": recipe.mask_truncated,
+            **recipe.trainer_settings(),
         },
     }
     for section, values in updates.items():
@@ -136,25 +135,12 @@ def prepare_model(
         import torch
         from transformers.utils import logging as hf_logging
 
-        from pipeline.arithmetic import arithmetic_rows
-        from pipeline.demo_recipe import warm_start
-        from workers.llm.model_init import init_model
+        from pipeline.demo_recipe import warm_model
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(1)
         torch.manual_seed(recipe.seed)
-        init_model(model_dir, recipe.preset, recipe.seed)
-        rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
-        done["warm_start_s"] = warm_start(
-            model_dir,
-            rows,
-            steps=recipe.sft_steps,
-            batch_size=recipe.sft_batch,
-            lr=recipe.sft_lr,
-            format_frac=recipe.sft_format_frac,
-            seed=recipe.seed,
-            cancel=cancel,
-        )
+        _, done["warm_start_s"] = warm_model(model_dir, recipe, cancel)
     except BaseException as exc:  # handed to the main thread, which re-raises it
         done["error"] = exc
 
@@ -215,7 +201,8 @@ def run_demo(
     started = time.monotonic()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(out_root).resolve() / f"demo-{stamp}"
-    run_dir, model_dir = out / "run", out / "run" / "model"
+    run_dir = out / "run"
+    model_dir = model_dir_in(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"demo-{stamp}."
     previous_handler = sigterm_as_interrupt()
@@ -258,16 +245,12 @@ def run_demo(
             f"model {recipe.preset} + warm start ({recipe.sft_steps} SFT steps, "
             f"{prepared['warm_start_s']:.0f}s) in {model_dir}"
         )
-        cfg = demo_config(
-            cfg, prefix=prefix, model_dir=model_dir, run_dir=run_dir, recipe=recipe, backend=backend
-        )
+        cfg = demo_config(cfg, prefix=prefix, run_dir=run_dir, recipe=recipe, backend=backend)
         created = create_topics(cfg.kafka, cfg.topics)
         console.print(f"topics: {', '.join(created)}")
         sent = produce_prompts(cfg, out, recipe, prompts)
         console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
-        steps_done, launched = train_stages(
-            cfg, run_dir, model_dir, recipe, console, started, backend=backend
-        )
+        steps_done, launched = train_stages(cfg, run_dir, recipe, console, started, backend=backend)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if worker is not None and worker.is_alive():
@@ -308,7 +291,6 @@ def produce_prompts(
 def train_stages(
     cfg: RunConfig,
     run_dir: Path,
-    model_dir: Path,
     recipe: DemoRecipe,
     console: Any,
     started: float,
@@ -338,7 +320,7 @@ def train_stages(
     with LocalPipeline(
         cfg,
         run_dir,
-        model_dir=str(model_dir),
+        model_dir=str(model_dir_in(run_dir)),
         replicas=2,
         backend=backend,
         replica_args=VLLM_REPLICA_ARGS if vllm else (),

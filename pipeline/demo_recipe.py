@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoRecipe", "evaluate", "offline_grpo", "warm_start"]
+__all__ = ["DemoRecipe", "evaluate", "offline_grpo", "warm_model", "warm_start"]
 
 log = logging.getLogger("rollout.demo")
 
@@ -80,6 +80,22 @@ class DemoRecipe:
     overlong_buffer: int = 3
     overlong_penalty: float = 1.0
     drop_zero_variance: bool = False
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The `TrainerConfig` fields the recipe sets, alike for the demo and the offline check."""
+        return {name: getattr(self, name) for name in TRAINER_SETTINGS}
+
+
+# The recipe's fields that are `TrainerConfig` fields of the same name.
+TRAINER_SETTINGS = (
+    "lr",
+    "train_batch_size",
+    "ppo_mini_batches",
+    "ppo_epochs",
+    "kl_coef",
+    "entropy_coeff",
+    "mask_truncated",
+)
 
 
 def _prompt_ids(tokenizer: Any, row: dict[str, Any]) -> list[int]:
@@ -129,21 +145,33 @@ def _batch(
     return TrajectoryBatch(tensors, ids, ids, [0] * b, [0] * b, p)
 
 
+def warm_model(
+    model_dir: Path, recipe: DemoRecipe, cancel: threading.Event | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    """The recipe's model at `model_dir`: initialised, then warm-started on the recipe's task.
+
+    Returns the task's rows and the seconds the warm start took. `cancel` set: stop, save
+    nothing.
+    """
+    from pipeline.arithmetic import arithmetic_rows
+    from workers.llm.model_init import init_model
+
+    init_model(model_dir, recipe.preset, recipe.seed)
+    rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
+    return rows, warm_start(model_dir, rows, recipe, cancel)
+
+
 def warm_start(
     model_dir: str | Path,
     rows: list[dict[str, Any]],
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    format_frac: float = 1.0,
-    seed: int = 0,
+    recipe: DemoRecipe,
     cancel: threading.Event | None = None,
 ) -> float:
     """Supervised fine-tuning of `model_dir` in place on `rows`; returns the seconds it took.
 
-    `format_frac`: the share of targets in the strict `#### n` format (the rest say
-    `The answer is n.`, which the strict scorer rejects). `cancel` set: stop, save nothing.
+    The recipe's `sft_*` numbers: steps, prompts a step, lr, and the share of targets in the
+    strict `#### n` format (the rest say `The answer is n.`, which the strict scorer
+    rejects). `cancel` set: stop, save nothing.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,22 +181,24 @@ def warm_start(
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    rng = random.Random(seed)
+    rng = random.Random(recipe.seed)
+    strict_share = recipe.sft_format_frac
     pairs = [
         (
             _prompt_ids(tokenizer, r),
             _answer_ids(
-                tokenizer, r["reward_model"]["ground_truth"], strict=rng.random() < format_frac
+                tokenizer, r["reward_model"]["ground_truth"], strict=rng.random() < strict_share
             ),
         )
         for r in rows
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr)
     model.train()
+    steps = recipe.sft_steps
     for step in range(steps):
         if cancel is not None and cancel.is_set():
             raise InterruptedError("warm start cancelled")
-        chosen = rng.sample(pairs, min(batch_size, len(pairs)))
+        chosen = rng.sample(pairs, min(recipe.sft_batch, len(pairs)))
         batch = _batch([p for p, _ in chosen], [a for _, a in chosen], [0.0] * len(chosen), 0)
         logp, _ = response_log_probs(model, batch)
         mask = batch["response_mask"]
@@ -251,16 +281,7 @@ def offline_grpo(
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = TrainerConfig(
-        lr=recipe.lr,
-        micro_batch_size=64,
-        train_batch_size=recipe.train_batch_size,
-        ppo_mini_batches=recipe.ppo_mini_batches,
-        ppo_epochs=recipe.ppo_epochs,
-        kl_coef=recipe.kl_coef,
-        entropy_coeff=recipe.entropy_coeff,
-        mask_truncated=recipe.mask_truncated,
-    )
+    config = TrainerConfig(micro_batch_size=64, **recipe.trainer_settings())
     ref_model = None
     if recipe.kl_coef > 0:
         ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -303,9 +324,6 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.arithmetic import arithmetic_rows
-    from workers.llm.model_init import init_model
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, value in DemoRecipe().__dict__.items():
         kind = (
@@ -321,18 +339,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
-    rows = arithmetic_rows(2000, seed=recipe.seed, max_operand=recipe.max_operand)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = init_model(Path(tmp) / "model", recipe.preset, recipe.seed)
-        sft_s = warm_start(
-            model_dir,
-            rows,
-            steps=recipe.sft_steps,
-            batch_size=recipe.sft_batch,
-            lr=recipe.sft_lr,
-            format_frac=recipe.sft_format_frac,
-            seed=recipe.seed,
-        )
+        model_dir = Path(tmp) / "model"
+        rows, sft_s = warm_model(model_dir, recipe)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         start = evaluate(model, tokenizer, rows[:64])

@@ -99,20 +99,25 @@ def learn_once(
     """One demo pipeline run into `out`; its `summarize_run` figures."""
     from rich.console import Console
 
-    from pipeline.demo import demo_config, prepare_model, produce_prompts, train_stages
+    from pipeline.demo import (
+        demo_config,
+        model_dir_in,
+        prepare_model,
+        produce_prompts,
+        train_stages,
+    )
     from pipeline.topics import create_topics, delete_topics
 
-    run_dir, model_dir = out / "run", out / "run" / "model"
+    run_dir = out / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     prepared: dict[str, Any] = {}
-    prepare_model(model_dir, recipe, prepared, threading.Event())
+    prepare_model(model_dir_in(run_dir), recipe, prepared, threading.Event())
     if "error" in prepared:
         raise prepared["error"]
     prefix = f"learn-{recipe.seed}-{max_staleness}-{int(time.time() * 1000) % 10**9}."
     cfg = demo_config(
         cfg,
         prefix=prefix,
-        model_dir=model_dir,
         run_dir=run_dir,
         recipe=recipe,
         max_staleness=max_staleness,
@@ -122,7 +127,7 @@ def learn_once(
         produce_prompts(cfg, out, recipe, max_staleness=max_staleness)
         quiet = Console(file=io.StringIO(), width=120)
         steps, launched = train_stages(
-            cfg, run_dir, model_dir, recipe, quiet, time.monotonic(), deadline_s=deadline_s
+            cfg, run_dir, recipe, quiet, time.monotonic(), deadline_s=deadline_s
         )
     finally:
         delete_topics(cfg.kafka, cfg.topics)
@@ -169,52 +174,27 @@ def run(
 
     from pipeline.demo import sigterm_as_interrupt
 
-    previous = sigterm_as_interrupt()
-    try:
-        return _run(
-            cfg,
-            runs=runs,
-            staleness=staleness,
-            recipe=recipe,
-            seed=seed,
-            deadline_s=deadline_s,
-            target=target,
-            out_dir=out_dir,
-            progress=progress,
-        )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _run(
-    cfg: RunConfig,
-    *,
-    runs: int,
-    staleness: list[int],
-    recipe: DemoRecipe | None,
-    seed: int,
-    deadline_s: float,
-    target: float,
-    out_dir: str | None,
-    progress: Any,
-) -> dict[str, Any]:
     base = recipe or DemoRecipe()
     results: dict[int, list[dict[str, Any]]] = {eta: [] for eta in staleness}
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rollout-bench-learn-") as tmp:
-        root = Path(out_dir) if out_dir else Path(tmp)
-        with bench_broker(cfg.kafka) as kafka:
-            cfg = cfg.model_copy(update={"kafka": kafka})
-            for i in range(runs):
-                for eta in staleness:  # interleaved, so a slow spell hits every η alike
-                    one = replace(base, seed=seed + i)
-                    out = root / f"seed{one.seed}-eta{eta}"
-                    result = learn_once(
-                        cfg, one, out, max_staleness=eta, deadline_s=deadline_s, target=target
-                    )
-                    results[eta].append(result)
-                    if progress is not None:
-                        progress(result)
+    previous = sigterm_as_interrupt()
+    try:
+        with tempfile.TemporaryDirectory(prefix="rollout-bench-learn-") as tmp:
+            root = Path(out_dir) if out_dir else Path(tmp)
+            with bench_broker(cfg.kafka) as kafka:
+                cfg = cfg.model_copy(update={"kafka": kafka})
+                for i in range(runs):
+                    for eta in staleness:  # interleaved, so a slow spell hits every η alike
+                        one = replace(base, seed=seed + i)
+                        out = root / f"seed{one.seed}-eta{eta}"
+                        result = learn_once(
+                            cfg, one, out, max_staleness=eta, deadline_s=deadline_s, target=target
+                        )
+                        results[eta].append(result)
+                        if progress is not None:
+                            progress(result)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary: dict[str, Any] = {"benchmark": "learn", "recipe": base.__dict__, "target": target}
     every = [r for eta in staleness for r in results[eta]]
     summary.update(_aggregate(every))
