@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from typing import Any, TypeVar
 
-__all__ = ["add_options", "option", "options_from"]
+__all__ = ["add_flag", "add_options", "option", "options_from"]
 
 T = TypeVar("T")
 
@@ -28,16 +28,30 @@ def _flags(cls: type) -> list[tuple[dataclasses.Field[Any], dict[str, Any]]]:
     return [(f, dict(f.metadata["cli"])) for f in dataclasses.fields(cls) if "cli" in f.metadata]
 
 
+def add_flag(
+    parser: argparse.ArgumentParser,
+    name: str,
+    default: Any,
+    help: str | None = None,
+    *,
+    flag: str | None = None,
+    **argparse_kwargs: Any,
+) -> None:
+    """One flag read back as `name` (`--name-with-dashes` unless `flag=`), of `default`'s type
+    (str for None) unless `type=` says otherwise."""
+    flag = flag or "--" + name.replace("_", "-")
+    argparse_kwargs.setdefault("dest", name)
+    if "action" not in argparse_kwargs:
+        argparse_kwargs.setdefault("type", str if default is None else type(default))
+        argparse_kwargs.setdefault("metavar", flag.lstrip("-").replace("-", "_").upper())
+        argparse_kwargs["default"] = default
+    parser.add_argument(flag, help=help, **argparse_kwargs)
+
+
 def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add a flag to `parser` for each `option` field of the dataclass `cls`."""
     for f, meta in _flags(cls):
-        flag = meta.pop("flag") or "--" + f.name.replace("_", "-")
-        meta.setdefault("dest", f.name)
-        if "action" not in meta:
-            meta.setdefault("type", type(f.default) if f.default is not None else str)
-            meta.setdefault("metavar", flag.lstrip("-").replace("-", "_").upper())
-            meta["default"] = f.default
-        parser.add_argument(flag, **meta)
+        add_flag(parser, f.name, f.default, meta.pop("help"), **meta)
 
 
 def options_from(args: argparse.Namespace, cls: type[T], **given: Any) -> T:

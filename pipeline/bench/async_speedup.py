@@ -25,9 +25,18 @@ from workers.kafka.config import KafkaConfig
 __all__ = ["run"]
 
 
-def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: int) -> dict[str, Any]:
-    """One run at `max_staleness = staleness`; `kw`: the benchmark's settings (`run`)."""
-    steps, batch, n = kw["steps"], kw["batch"], kw["n"]
+def _one(
+    kafka: KafkaConfig,
+    model: str,
+    staleness: int,
+    root: Path,
+    *,
+    steps: int,
+    batch: int,
+    n: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """One run at `max_staleness = staleness` with the benchmark's settings (`run`)."""
     run_dir = root / f"staleness-{staleness}"
     cfg = prompted_run(
         kafka,
@@ -39,7 +48,7 @@ def _one(kafka: KafkaConfig, model: str, staleness: int, root: Path, **kw: int) 
         seed=staleness,
         n=n,
         train_batch_size=batch,
-        max_tokens=kw["max_tokens"],
+        max_tokens=max_tokens,
         max_staleness=staleness,
         in_flight=batch * n * (staleness + 1),
         overrides={"trainer": {"max_steps": steps}},

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli_options import add_flag
 from pipeline.config import RunConfig
 
 __all__ = ["add_bench_parsers"]
@@ -142,10 +143,7 @@ class Bench:
         parser: argparse.ArgumentParser = bsub.add_parser(self.name, help=self.text)
         for key, value in self.flags.items():
             default, help_ = value if isinstance(value, tuple) else (value, None)
-            kind = str if default is None else type(default)
-            parser.add_argument(
-                f"--{key.replace('_', '-')}", type=kind, default=default, help=help_
-            )
+            add_flag(parser, key, default, help_)
         if self.model:
             parser.add_argument("--model", help="Model directory (default: build the tiny model).")
         parser.add_argument("--json", action="store_true")
