@@ -42,7 +42,6 @@ __all__ = [
     "log_tail",
     "secret_env",
     "spawn_logged",
-    "stage_plan",
 ]
 
 log = logging.getLogger("rollout.launch")
@@ -168,13 +167,6 @@ class StagePlan:
             else:
                 plan.append((stage, commands[stage]))
         return _with_metrics_ports(plan, metrics_ports or {})
-
-
-def stage_plan(
-    *, replica_ports: list[int], metrics_ports: dict[str, int] | None = None, **plan: Any
-) -> list[tuple[str, list[str]]]:
-    """The processes of one run: `StagePlan(**plan).processes(replica_ports, metrics_ports)`."""
-    return StagePlan(**plan).processes(replica_ports, metrics_ports)
 
 
 def _with_metrics_ports(

@@ -1,7 +1,7 @@
 """The Prometheus scrape config of a pipeline, written from one source.
 
 `JOBS` is that source: each scrape job, in order, and which of the pipeline's processes it
-scrapes (by the process names of `pipeline.launch.stage_plan`: `replica-0`, `sync-0`,
+scrapes (by the process names of `pipeline.launch.StagePlan`: `replica-0`, `sync-0`,
 `agent-loop` or `agent-loop-1`, `reward`, `replay`, `train`). Two renderings use it:
 
 - `compose_config()`: `infra/prometheus/prometheus.yml`, for docker-compose (targets are
@@ -38,7 +38,7 @@ JOBS: dict[str, re.Pattern[str]] = {
 #: docker-compose: stage processes serve /metrics here, replicas on their HTTP port.
 COMPOSE_METRICS_PORT = 9400
 COMPOSE_REPLICA_PORT = 8000
-#: docker-compose service → the process of `stage_plan` it runs (tests/unit/test_compose.py
+#: docker-compose service → the process of `StagePlan` it runs (tests/unit/test_compose.py
 #: checks these against docker-compose.yml's commands).
 COMPOSE_SERVICES = {
     "agent-loop": "agent-loop",
@@ -63,7 +63,7 @@ _COMPOSE_HEADER = """\
 
 
 def job_of(process: str) -> str:
-    """The scrape job of a process name of `stage_plan`; ValueError for an unknown one."""
+    """The scrape job of a process name of `StagePlan`; ValueError for an unknown one."""
     for job, pattern in JOBS.items():
         if pattern.fullmatch(process):
             return job

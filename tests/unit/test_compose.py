@@ -299,7 +299,7 @@ def test_every_process_serves_metrics_and_prometheus_scrapes_them_all() -> None:
 
 
 def _process_name(args: argparse.Namespace) -> str:
-    """The name `stage_plan` gives the process a compose command runs."""
+    """The name `StagePlan` gives the process a compose command runs."""
     if _is_replica(args):
         return str(args.replica_id)
     if args.command == "replica":  # sync: named after the replica it keeps current

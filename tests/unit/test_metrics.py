@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from pipeline.cli import build_parser
-from pipeline.launch import stage_plan
+from pipeline.launch import StagePlan
 from workers.metrics import (
     NAMES,
     MetricsServerError,
@@ -187,7 +187,7 @@ def test_a_taken_port_is_a_rollout_error(served: tuple[StageMetrics, int]) -> No
 
 def test_stage_plan_adds_metrics_ports_that_the_cli_accepts() -> None:
     ports = {"sync-0": 9101, "agent-loop": 9102, "reward": 9103, "replay": 9104, "train": 9105}
-    plan = dict(stage_plan(model_dir="/m", replica_ports=[8001], metrics_ports=ports))
+    plan = dict(StagePlan(model_dir="/m").processes([8001], ports))
     assert "--metrics-port" not in plan["replica-0"]
     parser = build_parser()
     for name, port in ports.items():
@@ -195,4 +195,4 @@ def test_stage_plan_adds_metrics_ports_that_the_cli_accepts() -> None:
         assert parser.parse_args(plan[name]).metrics_port == port
     assert parser.parse_args(["worker", "reward"]).metrics_port == 0
     with pytest.raises(ValueError, match="replica-0"):
-        stage_plan(model_dir="/m", replica_ports=[8001], metrics_ports={"replica-0": 1})
+        StagePlan(model_dir="/m").processes([8001], {"replica-0": 1})

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeline.cli import build_parser
-from pipeline.launch import stage_plan
+from pipeline.launch import StagePlan
 from pipeline.ray_launch import LaunchError, replica_world_size, stage_resources, trainer_gpus
 
 
@@ -52,12 +52,9 @@ def test_replica_sizing_follows_the_placement_rules() -> None:
 
 def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:
     parser = build_parser()
-    plan = stage_plan(
-        model_dir="/m",
-        replica_ports=[8001],
-        backend="vllm",
-        replica_args=("--tp", "2", "--dp", "1", "--pp", "1"),
-    )
+    plan = StagePlan(
+        model_dir="/m", backend="vllm", replica_args=("--tp", "2", "--dp", "1", "--pp", "1")
+    ).processes([8001])
     serve = parser.parse_args(plan[0][1])
     assert (serve.backend, serve.tp, serve.dp, serve.pp) == ("vllm", 2, 1, 1)
     up = parser.parse_args(["up", "--ray", "--replicas", "3", "--steps", "5", "--wait"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.launch import stage_plan
+from pipeline.launch import StagePlan
 from pipeline.scrape import JOBS, compose_config, job_of, local_config
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "prometheus.yml"
@@ -21,7 +21,7 @@ def test_the_checked_in_config_is_the_sources_output() -> None:
 
 
 def test_every_process_of_a_plan_has_exactly_one_job() -> None:
-    plan = stage_plan(model_dir="/m", replica_ports=[8001, 8002], agent_loop_workers=3)
+    plan = StagePlan(model_dir="/m", agent_loop_workers=3).processes([8001, 8002])
     jobs = {name: job_of(name) for name, _ in plan}
     for name in jobs:
         assert sum(bool(p.fullmatch(name)) for p in JOBS.values()) == 1, name

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.cli import build_parser
-from pipeline.launch import stage_plan
+from pipeline.launch import StagePlan
 
 
 def test_every_planned_command_parses_in_the_cli() -> None:
-    plan = stage_plan(model_dir="/m", replica_ports=[8001, 8002], agent_loop_workers=2)
+    plan = StagePlan(model_dir="/m", agent_loop_workers=2).processes([8001, 8002])
     names = [name for name, _ in plan]
     assert names == [
         "replica-0",
@@ -28,7 +28,7 @@ def test_every_planned_command_parses_in_the_cli() -> None:
 
 
 def test_one_worker_keeps_the_plain_name_and_unknown_stages_are_refused() -> None:
-    plan = stage_plan(model_dir="/m", replica_ports=[], stages=("agent-loop",))
+    plan = StagePlan(model_dir="/m", stages=("agent-loop",)).processes([])
     assert plan == [("agent-loop", ["worker", "agent-loop", "--model", "/m"])]
     with pytest.raises(ValueError, match="unknown stage"):
-        stage_plan(model_dir="/m", replica_ports=[], stages=("nope",))
+        StagePlan(model_dir="/m", stages=("nope",)).processes([])
