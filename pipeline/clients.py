@@ -9,7 +9,7 @@
             ...
             source.commit()
 
-- `PromptProducer` (`pipeline.producer`): datasets or any iterable of rows → `rl.prompts`,
+- `PromptProducer` (`pipeline.data.producer`): datasets or any iterable of rows → `rl.prompts`,
   idempotent and acknowledged (what `rollout produce` runs).
 - `TrajectoryConsumer` (`workers.trainer.consumer`): `rl.replay` or `rl.scored` → typed events
   or padded batches, with positions that resume exactly (what the trainer reads with).
@@ -20,7 +20,7 @@ from. Neither loads torch on import.
 
 from __future__ import annotations
 
-from pipeline.producer import ProduceReport, PromptProducer
+from pipeline.data.producer import ProduceReport, PromptProducer
 from workers.trainer.consumer import TrajectoryConsumer
 
 __all__ = ["ProduceReport", "PromptProducer", "TrajectoryConsumer"]

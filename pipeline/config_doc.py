@@ -88,7 +88,7 @@ def render() -> str:
         "# Configuration reference",
         "",
         f"Generated from the config models by `{REGENERATE}`; do not edit by hand",
-        "(`tests/unit/test_config_doc.py` fails when this file is out of date).",
+        "(`tests/unit/pipeline/test_config_doc.py` fails when this file is out of date).",
         "",
         "One run is configured by one `RunConfig`: a YAML file (`--config FILE` or",
         "`$ROLLOUT_CONFIG`), environment variables, and command-line flags. Precedence, highest",

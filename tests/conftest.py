@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.launch.replicas import free_port, wait_healthy
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.llm.replicas.local import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if existing:
         yield existing
         return
-    from pipeline.kafka_local import start_broker, stop_broker
+    from pipeline.broker.local import start_broker, stop_broker
 
     home = tmp_path_factory.mktemp("rollout-home")
     os.environ["ROLLOUT_HOME"] = str(home)
@@ -80,7 +80,7 @@ def topic_factory(kafka_config: KafkaConfig, unique: Callable[[str], str]) -> Ca
     return create
 
 
-ROLLOUT = (sys.executable, "-m", "pipeline.cli")
+ROLLOUT = (sys.executable, "-m", "pipeline.cli.main")
 """The `rollout` command, for tests that start a stage as a subprocess of their own."""
 
 
@@ -127,7 +127,7 @@ class ReplicaProcess:
         self.address = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{replica_id}.log"
         argv = [
-            sys.executable, "-m", "pipeline.cli", *global_args,
+            sys.executable, "-m", "pipeline.cli.main", *global_args,
             "replica", "serve",
             "--backend", "hf",
             "--model", str(model),

@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from pipeline.bench.common import bench_broker, interleaved, paired_ratio, rates, tiny_model
+from pipeline.launch.replicas import LocalReplicas
 from schemas.codec import decode, encode, headers_for
 from schemas.events import PromptEvent
 from workers.agent_loop.base import AgentContext
@@ -31,7 +32,6 @@ from workers.agent_loop.worker import AgentLoopWorker
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.contract import SamplingParams
-from workers.llm.replicas.local import LocalReplicas
 
 __all__ = ["run"]
 

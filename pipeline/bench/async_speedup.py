@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.common import bench_broker, prompted_run, tiny_model
-from pipeline.launch import LocalPipeline
+from pipeline.launch.local import LocalPipeline
 from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
 

@@ -35,7 +35,7 @@ def bench_broker(kafka: KafkaConfig) -> Iterator[KafkaConfig]:
         make_admin(kafka).close()  # unreachable: one line now, not after the replicas started
         yield kafka
         return
-    from pipeline.kafka_local import start_broker, stop_broker
+    from pipeline.broker.local import start_broker, stop_broker
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -80,9 +80,9 @@ def prompted_run(
     """
     import uuid
 
-    from pipeline.arithmetic import arithmetic_rows
-    from pipeline.local_run import local_run_config, merge
-    from pipeline.producer import PromptProducer
+    from pipeline.data.arithmetic import arithmetic_rows
+    from pipeline.data.producer import PromptProducer
+    from pipeline.launch.local_run import local_run_config, merge
     from pipeline.topics import create_topics
 
     prefix = f"{tag}-{uuid.uuid4().hex[:6]}."

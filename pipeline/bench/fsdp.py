@@ -80,8 +80,8 @@ def run(*, ranks: int = 2, timeout_s: float = 300.0) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from pipeline.bench.train_step import _batch
+    from pipeline.launch.torchrun import torchrun_command
     from workers.llm.model_init import init_model
-    from workers.trainer.launch import torchrun_command
     from workers.trainer.step import train_step
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """`rollout bench learn`: does the demo's pipeline learn, run after run?
 
-Runs the demo's whole pipeline (`pipeline.demo`: replicas, Kafka, agent loop, reward,
+Runs the demo's whole pipeline (`pipeline.demo.run`: replicas, Kafka, agent loop, reward,
 replay, trainer, weight sync; no live view) `runs` times with distinct seeds (seed i builds
 its own model, warm start and prompts, and seeds the trainer), at each requested
 `max_staleness` η, one run after another on one broker, and reads each run's step log.
@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.bench.common import bench_broker
 from pipeline.config import RunConfig
-from pipeline.demo_recipe import DemoRecipe
+from pipeline.demo.recipe import DemoRecipe
 
 __all__ = ["learn_once", "run", "summarize_run"]
 
@@ -99,7 +99,7 @@ def learn_once(
     """One demo pipeline run into `out`; its `summarize_run` figures."""
     from rich.console import Console
 
-    from pipeline.demo import (
+    from pipeline.demo.run import (
         demo_config,
         model_dir_in,
         prepare_model,
@@ -172,7 +172,7 @@ def run(
     every stage and the broker it started (the `with` blocks unwind)."""
     import signal
 
-    from pipeline.demo import sigterm_as_interrupt
+    from pipeline.demo.run import sigterm_as_interrupt
 
     base = recipe or DemoRecipe()
     results: dict[int, list[dict[str, Any]]] = {eta: [] for eta in staleness}

@@ -241,7 +241,7 @@ def _run_stage(
     path.write_text(json.dumps(config))
     with open(tmp / "worker.log", "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "--config", str(path), "worker", "reward"],
+            [sys.executable, "-m", "pipeline.cli.main", "--config", str(path), "worker", "reward"],
             cwd=_REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

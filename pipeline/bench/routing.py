@@ -30,10 +30,10 @@ from typing import Any
 import yaml
 
 from pipeline.bench.common import bench_broker, prompted_run, tiny_model
-from pipeline.launch import StageProcess
+from pipeline.launch.local import StageProcess
+from pipeline.launch.replicas import free_port, wait_healthy
 from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
-from workers.llm.replicas.local import free_port, wait_healthy
 
 __all__ = ["run"]
 
@@ -120,7 +120,7 @@ def _one(
     argv = [
         sys.executable,
         "-m",
-        "pipeline.cli",
+        "pipeline.cli.main",
         "--config",
         str(config_path),
         "worker",

@@ -169,7 +169,7 @@ class _Replica:
         self.log = log
 
     def wait_healthy(self, timeout_s: float = 900.0) -> None:
-        from workers.llm.replicas.local import wait_healthy
+        from pipeline.launch.replicas import wait_healthy
 
         alive = lambda: self.proc.poll() is None  # noqa: E731
         wait_healthy(

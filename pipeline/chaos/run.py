@@ -44,9 +44,9 @@ from typing import Any
 
 from pipeline.chaos.accounting import Accounting, account, expected_ids
 from pipeline.chaos.faults import DEFAULT_FAULTS, Fault, schedule
-from pipeline.cli_options import option
+from pipeline.cli.options import option
 from pipeline.config import RunConfig
-from pipeline.local_run import local_run_config, merge
+from pipeline.launch.local_run import local_run_config, merge
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["ChaosOptions", "run_chaos"]
@@ -211,19 +211,19 @@ class _Broker:
     """The run's own broker, which the `broker` fault restarts (same port, same data)."""
 
     def __init__(self, home: Path) -> None:
-        from workers.llm.replicas.local import free_port
+        from pipeline.launch.replicas import free_port
 
         self.port = free_port()
         self.data = home / "kafka"
         self.bootstrap = ""
 
     def start(self) -> None:
-        from pipeline.kafka_local import start_broker
+        from pipeline.broker.local import start_broker
 
         self.bootstrap = start_broker(self.port, self.data, quiet=True).bootstrap
 
     def stop(self, purge: bool = False) -> None:
-        from pipeline.kafka_local import stop_broker
+        from pipeline.broker.local import stop_broker
 
         stop_broker(self.port, purge=purge)
 
@@ -284,7 +284,7 @@ def _inject(
 
 def _produce(cfg: RunConfig, rows: list[dict[str, Any]], n: int) -> set[str]:
     """Produce `rows` as prompts; the trajectory ids their samples will have."""
-    from pipeline.producer import PromptProducer
+    from pipeline.data.producer import PromptProducer
 
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(rows, uid_prefix="chaos")
@@ -292,8 +292,8 @@ def _produce(cfg: RunConfig, rows: list[dict[str, Any]], n: int) -> set[str]:
 
 
 def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
-    from pipeline.arithmetic import arithmetic_rows
-    from pipeline.launch import LocalPipeline
+    from pipeline.data.arithmetic import arithmetic_rows
+    from pipeline.launch.local import LocalPipeline
     from pipeline.topics import create_topics
     from workers.llm.model_init import init_model
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.cli_options import option
+from pipeline.cli.options import option
 from pipeline.config import RunConfig
-from pipeline.local_run import knobs_of, local_run_config
+from pipeline.launch.local_run import knobs_of, local_run_config
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["LoadOptions", "load_run_config"]

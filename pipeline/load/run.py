@@ -73,7 +73,7 @@ def run_load(kafka: KafkaConfig, opts: LoadOptions) -> dict[str, Any]:
 
 
 def _broker_pid(kafka: KafkaConfig) -> int | None:
-    from pipeline.kafka_local import broker_status
+    from pipeline.broker.local import broker_status
 
     port = int(kafka.bootstrap.split(",")[0].rsplit(":", 1)[1])
     pid = broker_status(port)["pid"]
@@ -96,8 +96,8 @@ class _Soak:
         self.log_offsets: dict[str, int] = {}
 
     def run(self) -> dict[str, Any]:
-        from pipeline.launch import LocalPipeline
-        from pipeline.producer import PromptProducer
+        from pipeline.data.producer import PromptProducer
+        from pipeline.launch.local import LocalPipeline
 
         opts, topics = self.opts, self.cfg.topics
         with (
@@ -130,7 +130,7 @@ class _Soak:
     # --- phases -----------------------------------------------------------------------
 
     def _alive(self) -> bool:
-        from pipeline.launch import StageExitedError
+        from pipeline.launch.local import StageExitedError
 
         try:
             self.pipe.check()
@@ -152,7 +152,7 @@ class _Soak:
     def _offer(self, count: int) -> None:
         if count <= 0:
             return
-        from pipeline.arithmetic import arithmetic_rows
+        from pipeline.data.arithmetic import arithmetic_rows
 
         # uid arith-train-<seed>-<index>: a fresh seed per top-up keeps every uid unique.
         self.producer.produce_rows(arithmetic_rows(count, seed=self.produced))
@@ -203,7 +203,7 @@ class _Soak:
             time.sleep(1.0)
 
     def _sample(self, ready: float, now: float, moment: str | None) -> dict[str, Any]:
-        from pipeline.status import consumer_lag
+        from pipeline.observe.status import consumer_lag
 
         roots = {p.name: p.proc.pid for p in self.pipe.processes if p.proc is not None}
         if self.broker_pid is not None:

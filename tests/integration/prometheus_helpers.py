@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.launch.replicas import wait_healthy
 from tests.conftest import REPO, free_port
-from workers.llm.replicas.local import wait_healthy
 
 DASHBOARDS = REPO / "infra" / "grafana" / "dashboards"
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 def start_worker(kafka_bootstrap, topics, model, replicas, group, log) -> subprocess.Popen:
     args = [
-        sys.executable, "-m", "pipeline.cli", "-v", "--bootstrap", kafka_bootstrap,
+        sys.executable, "-m", "pipeline.cli.main", "-v", "--bootstrap", kafka_bootstrap,
         "--set", f"topics.prefix={topics.prefix}",
         "--set", f"agent_loop.group_id={group}",
         "--set", "agent_loop.n=2",

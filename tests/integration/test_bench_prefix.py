@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pipeline.bench import prefix as bench_prefix
+from pipeline.bench import prefix_routing as bench_prefix
 from workers.llm.model_init import init_model
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.arithmetic import arithmetic_rows, write_rows
+from pipeline.data.arithmetic import arithmetic_rows, write_rows
 from tests.conftest import REPO, free_port
 
 BOUND_S = 20.0
@@ -48,7 +48,7 @@ class Run:
 def rollout(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> Run:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "pipeline.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -342,7 +342,7 @@ def interrupt(
     # SIGINT as a terminal's Ctrl-C delivers it: a run started in the background of a script
     # (a CI job started with `&`) inherits SIGINT ignored, and Python then leaves it ignored.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "pipeline.cli.main", *args],
         cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
@@ -454,7 +454,7 @@ def test_ctrl_c_twice_aborts_the_agent_loop_at_once(
 ) -> None:
     """The replica never answers, so the first Ctrl-C's grace period would run out; the
     second one ends the worker at once."""
-    from pipeline.producer import PromptProducer
+    from pipeline.data.producer import PromptProducer
     from workers.kafka.config import KafkaConfig
 
     with PromptProducer(KafkaConfig(bootstrap_servers=kafka_bootstrap), topics_config) as p:

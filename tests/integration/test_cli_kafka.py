@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from pipeline.arithmetic import arithmetic_rows, write_rows
+from pipeline.data.arithmetic import arithmetic_rows, write_rows
 from tests.conftest import free_port, run_cli
 
 pytestmark = pytest.mark.kafka

@@ -3,7 +3,7 @@
 A short pipeline runs on the real broker (`LocalPipeline`: two hf replicas with the tiny
 model, a sync controller beside each, the agent-loop worker, reward, replay and the trainer,
 every stage with `--metrics-port`). Prometheus scrapes it every second with the jobs of
-`infra/prometheus/prometheus.yml` (both written by `pipeline.scrape`) pointed at the run's
+`infra/prometheus/prometheus.yml` (both written by `pipeline.observe.scrape`) pointed at the run's
 ports. Then:
 
 1. every target is `up`;
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.arithmetic import arithmetic_rows
-from pipeline.launch import LocalPipeline
-from pipeline.local_run import local_run_config
-from pipeline.producer import PromptProducer
-from pipeline.scrape import job_of, local_config
+from pipeline.data.arithmetic import arithmetic_rows
+from pipeline.data.producer import PromptProducer
+from pipeline.launch.local import LocalPipeline
+from pipeline.launch.local_run import local_run_config
+from pipeline.observe.scrape import job_of, local_config
 from tests.conftest import run_cli
 from tests.integration.prometheus_helpers import (
     PanelQuery,

@@ -21,9 +21,9 @@ import pytest
 torch = pytest.importorskip("torch")
 aiohttp = pytest.importorskip("aiohttp")
 
+from pipeline.launch.replicas import wait_healthy  # noqa: E402
 from tests.conftest import REPO, free_port  # noqa: E402
 from workers.llm.model_init import init_model  # noqa: E402
-from workers.llm.replicas.local import wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 from schemas import PromptEvent, decode, encode, headers_for
 from schemas import headers as h
 from schemas.deadletter import DeadLetter
-from tests.unit.test_codec import make_events
+from tests.unit.schemas.test_codec import make_events
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.stream import EventStream
 

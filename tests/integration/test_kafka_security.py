@@ -29,9 +29,10 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from pydantic import SecretStr
 
-from pipeline import kafka_access, kafka_secure
+from pipeline.broker import access as kafka_access
+from pipeline.broker import secure as kafka_secure
+from pipeline.broker.local import broker_status, start_broker, stop_broker
 from pipeline.config import load_config
-from pipeline.kafka_local import broker_status, start_broker, stop_broker
 from pipeline.topics import create_topics
 from tests.conftest import free_port, run_cli
 from workers.kafka.clients import make_admin, make_consumer, make_producer

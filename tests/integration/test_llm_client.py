@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from pipeline.launch.replicas import wait_healthy
 from workers.llm.client import LLMClient, LLMClientConfig
 from workers.llm.exceptions import (
     BadRequestError,
@@ -34,7 +35,6 @@ from workers.llm.exceptions import (
     NoReplicaError,
     RetriesExhaustedError,
 )
-from workers.llm.replicas.local import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 

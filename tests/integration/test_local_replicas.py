@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.llm.replicas.local import LocalReplicas, free_port, wait_healthy
+from pipeline.launch.replicas import LocalReplicas, free_port, wait_healthy
 
 
 def test_a_start_that_times_out_stops_the_replicas(tiny_model: Path, tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.arithmetic import arithmetic_rows
 from pipeline.clients import PromptProducer
 from pipeline.config import load_config
-from pipeline.launch import LocalPipeline
+from pipeline.data.arithmetic import arithmetic_rows
+from pipeline.launch.local import LocalPipeline
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

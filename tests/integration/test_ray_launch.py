@@ -2,7 +2,7 @@
 
 A Ray instance of this test's own (started in the test process, so it dies with it and no
 other Ray instance on the machine is touched), the real broker, the tiny model on CPU: the
-trainer (`trainer.nproc: 2`, so its actor drives one actor per rank, `pipeline.ray_train`)
+trainer (`trainer.nproc: 2`, so its actor drives one actor per rank, `pipeline.launch.ray.trainer`)
 publishes its versions, the replicas load them, then nothing of the run is left.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.arithmetic import arithmetic_rows
-from pipeline.producer import PromptProducer
+from pipeline.data.arithmetic import arithmetic_rows
+from pipeline.data.producer import PromptProducer
 from tests.conftest import run_cli
 from tests.integration.test_pipeline_e2e import BATCH, STEPS, pipeline_config
 from tests.integration.trainer_helpers import policy_versions, read_all

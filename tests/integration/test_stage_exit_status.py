@@ -20,7 +20,7 @@ def test_agent_loop_without_a_broker_exits_75_with_one_line(tiny_model: Path) ->
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "pipeline.cli.main",
             "--bootstrap",
             bootstrap,
             "worker",

@@ -98,7 +98,7 @@ def reward_process(
             [
                 sys.executable,
                 "-m",
-                "pipeline.cli",
+                "pipeline.cli.main",
                 "--config",
                 str(config),
                 "-v",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.status import pipeline_status
+from pipeline.observe.status import pipeline_status
 from schemas import encode
 from schemas.events import PolicyVersion, ReplicaInfo
 from workers.kafka.clients import make_producer

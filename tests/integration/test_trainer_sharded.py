@@ -71,8 +71,8 @@ def test_two_ranks_kill_one_restart_every_group_exactly_once(
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
     log_path = tmp_path / "trainer.log"
     log = log_path.open("ab")
-    # trainer.nproc=2: the plain entry point relaunches itself under torchrun
-    cmd = [sys.executable, "-m", "workers.trainer", "--config", str(cfg_file), "-v"]
+    # trainer.nproc=2: `rollout train` relaunches itself under torchrun
+    cmd = [sys.executable, "-m", "pipeline.cli.main", "-v", "--config", str(cfg_file), "train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     # run 1: 6 groups = 3 steps; checkpoint at 2; step 3 trained, never checkpointed; rank 1 dies

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     (tmp_path / "config.json").write_text("{}")  # passes the model-directory check
-    cmd = [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm"]
+    cmd = [sys.executable, "-m", "pipeline.cli.main", "replica", "serve", "--backend", "vllm"]
     done = subprocess.run(
         [*cmd, "--model", str(tmp_path), "--port", "1", *args],
         capture_output=True,
@@ -72,7 +72,7 @@ def test_the_vllm_child_dies_with_a_killed_adapter(tmp_path: Path) -> None:
     (cli / "main.py").write_text(
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
     )
-    cmd = [sys.executable, "-m", "pipeline.cli", "replica", "serve", "--backend", "vllm"]
+    cmd = [sys.executable, "-m", "pipeline.cli.main", "replica", "serve", "--backend", "vllm"]
     (tmp_path / "config.json").write_text("{}")  # passes the model-directory check
     adapter = subprocess.Popen(
         [

@@ -8,7 +8,7 @@ import sys
 
 def test_light_modules_do_not_import_heavy_ones() -> None:
     code = (
-        "import sys, schemas, pipeline.config, pipeline.cli, pipeline.clients,"
+        "import sys, schemas, pipeline.config, pipeline.cli.main, pipeline.clients,"
         " workers.kafka.config, workers.llm.contract;"
         "heavy = [m for m in ('torch', 'vllm', 'transformers', 'ray') if m in sys.modules];"
         "print(','.join(heavy))"
@@ -19,7 +19,10 @@ def test_light_modules_do_not_import_heavy_ones() -> None:
 
 def test_help_works() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pipeline.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for command in ("kafka", "topics", "produce", "consume", "bench"):
         assert command in out.stdout

@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from workers.llm.replicas.local import wait_healthy
+from pipeline.launch.replicas import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -128,7 +128,7 @@ class Replica:
         self.cmd = [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "pipeline.cli.main",
             "replica",
             "serve",
             "--backend",

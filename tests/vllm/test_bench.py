@@ -26,7 +26,7 @@ def test_bench_vllm_prints_one_object(tmp_path: Path, replica_logs: Path) -> Non
     cmd = [
         sys.executable,
         "-m",
-        "pipeline.cli",
+        "pipeline.cli.main",
         "bench",
         "vllm",
         "--json",

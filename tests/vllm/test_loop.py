@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch import LocalPipeline
-from pipeline.producer import PromptProducer
+from pipeline.data.producer import PromptProducer
+from pipeline.launch.local import LocalPipeline
 from tests.integration.test_pipeline_e2e import BATCH, STEPS, health, pipeline_config
 from tests.vllm.support import FAST_START, VLLM_CPU_ENV, VLLM_PYTHON
 
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
 def test_the_loop_trains_through_two_vllm_replicas(
     kafka_bootstrap, topics_config, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from pipeline.arithmetic import arithmetic_rows
+    from pipeline.data.arithmetic import arithmetic_rows
 
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} missing: build it with `make vllm`", pytrace=False)

@@ -1,0 +1,144 @@
+"""`rollout produce|consume|data|model`: datasets into the prompts topic, topics out as JSON
+lines, and the generated datasets and tiny models the project trains on."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.common import at_least, print_json, writable_dir
+from pipeline.config import ConfigError, RunConfig
+
+__all__ = ["add_parsers"]
+
+
+def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.data.datasets import read_rows
+    from pipeline.data.producer import PromptProducer
+    from pipeline.topics import require_topics
+
+    rows = read_rows(args.dataset)  # a wrong path or format fails here, before Kafka
+    for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
+        print(f"{name}\t{outcome}", file=sys.stderr)
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        report = producer.produce_rows(
+            rows,
+            uid_prefix=args.uid_prefix or Path(args.dataset).stem,
+            default_data_source=cfg.produce.default_data_source,
+            limit=args.limit,
+            rate=args.rate or cfg.produce.rate,
+            progress=not args.quiet,
+        )
+    for error in report.errors[:20]:
+        print(f"skipped {error}", file=sys.stderr)
+    if len(report.errors) > 20:
+        print(f"… and {len(report.errors) - 20} more", file=sys.stderr)
+    print(report.summary(), file=sys.stderr)
+    print_json(
+        {"sent": report.sent, "skipped": report.skipped, "seconds": round(report.seconds, 3)}
+    )
+    if report.sent == 0 and args.limit != 0:
+        what = "no valid row" if report.skipped else "no rows"
+        print(f"rollout: error: nothing produced: {args.dataset} has {what}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import time
+
+    from workers.kafka.admin import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
+    from workers.kafka.stream import EventStream
+
+    topic = cfg.topics.name(args.topic) if args.topic in cfg.topics.ROLES else args.topic
+    if missing_topics(cfg.kafka, [topic]):
+        raise MissingTopicsError(
+            f"topic {topic} not found at {cfg.kafka.bootstrap}; `rollout topics create` "
+            "creates the run's topics, `rollout produce` fills rl.prompts",
+            topics=[topic],
+        )
+    seen = 0
+    deadline = time.monotonic() + args.timeout
+    with EventStream(
+        cfg.kafka, [topic], group_id=args.group, stage="consume", dlq_topic=cfg.topics.name("dlq")
+    ) as stream:
+        while time.monotonic() < deadline and (args.limit is None or seen < args.limit):
+            for item in stream.poll(timeout_ms=500):
+                sys.stdout.write(item.event.model_dump_json() + "\n")
+                seen += 1
+            if args.group:
+                stream.commit()
+    print(f"consumed {seen} events from {topic}", file=sys.stderr)
+    return 0
+
+
+def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.data.arithmetic import arithmetic_rows, write_rows
+
+    if Path(args.out).suffix not in (".jsonl", ".parquet"):
+        raise ConfigError(f"--out {args.out}: the name must end in .jsonl or .parquet")
+    writable_dir(Path(args.out).parent, "--out")
+    path = write_rows(
+        arithmetic_rows(args.n, seed=args.seed, max_operand=args.max_operand), args.out
+    )
+    print(path)
+    return 0
+
+
+def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.llm.model_init import init_model
+
+    writable_dir(Path(args.out), "--out")
+    out = init_model(args.out, preset=args.preset, seed=args.seed, reward_model=args.reward_model)
+    print(out)
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    produce = sub.add_parser("produce", help="Produce a verl-format dataset to the prompts topic.")
+    produce.add_argument("--dataset", required=True, help=".parquet, .jsonl or .json")
+    produce.add_argument("--limit", type=at_least(0, int), help="Produce at most this many.")
+    produce.add_argument(
+        "--rate",
+        type=at_least(0, float, strict=True),
+        help="Prompts per second (default: as fast as possible).",
+    )
+    produce.add_argument("--uid-prefix", help="Prefix of generated uids (default: file stem).")
+    produce.add_argument("--quiet", action="store_true", help="No progress bar.")
+    produce.set_defaults(handler=cmd_produce)
+
+    consume = sub.add_parser("consume", help="Print a topic's events as JSON lines.")
+    consume.add_argument(
+        "--topic", default="prompts", help="A role (prompts, turns, …) or a topic name."
+    )
+    consume.add_argument(
+        "--group", help="Consumer group (committed); default: none, from the start."
+    )
+    consume.add_argument("--limit", type=int)
+    consume.add_argument(
+        "--timeout", type=float, default=10.0, help="Stop after this many seconds."
+    )
+    consume.set_defaults(handler=cmd_consume)
+
+    data = sub.add_parser("data", help="Generate datasets.")
+    dsub = data.add_subparsers(dest="action", required=True)
+    arith = dsub.add_parser("arith", help="Arithmetic questions in gsm8k format.")
+    arith.add_argument("--out", required=True, help=".jsonl or .parquet")
+    arith.add_argument("--n", type=int, default=1000)
+    arith.add_argument("--seed", type=int, default=0)
+    arith.add_argument("--max-operand", type=int, default=20)
+    arith.set_defaults(handler=cmd_data_arith)
+
+    model = sub.add_parser("model", help="The project's own tiny models.")
+    msub = model.add_subparsers(dest="action", required=True)
+    minit = msub.add_parser("init", help="Write a randomly initialised Qwen2 model + tokenizer.")
+    minit.add_argument("--out", required=True)
+    minit.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    minit.add_argument("--seed", type=int, default=0)
+    minit.add_argument(
+        "--reward-model", action="store_true", help="A sequence-classification head."
+    )
+    minit.set_defaults(handler=cmd_model_init)

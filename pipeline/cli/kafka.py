@@ -1,0 +1,170 @@
+"""`rollout kafka …` and `rollout topics …`: the local broker and the pipeline's topics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.common import port, print_json
+from pipeline.config import RunConfig
+
+__all__ = ["add_parsers"]
+
+
+# --- kafka ---------------------------------------------------------------------------
+
+
+def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker.local import start_broker
+
+    port = args.port or cfg.local_kafka.port
+    state = start_broker(
+        port,
+        args.data_dir or cfg.local_kafka.data_dir,
+        heap=cfg.local_kafka.heap,
+        secure=args.secure,
+        users=args.user or (),
+    )
+    if state.reused:
+        print(f"Kafka already running at {state.bootstrap}", file=sys.stderr)
+    if state.secure:
+        print(
+            f"SASL_SSL (SCRAM-SHA-512) with ACLs; credentials (0600) in "
+            f"{Path(state.data_dir) / 'credentials.json'}; config for a user: "
+            f"rollout kafka creds --port {port} --user NAME",
+            file=sys.stderr,
+        )
+    print(state.bootstrap)
+    return 0
+
+
+def cmd_kafka_creds(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker import access as kafka_access
+    from pipeline.broker import secure as kafka_secure
+
+    port = args.port or cfg.local_kafka.port
+    data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
+    bootstrap = f"localhost:{port}"
+    if args.user not in kafka_secure.load_credentials(data).users:
+        creds, added = kafka_secure.ensure_credentials(data, [args.user])
+        admin = kafka_secure.client_config(bootstrap, data, kafka_secure.ADMIN_USER)
+        kafka_access.ensure_users(admin, creds, added)
+        print(f"created user {args.user} (no ACLs yet: rollout kafka grant)", file=sys.stderr)
+    if args.password:
+        print(kafka_secure.load_credentials(data).password(args.user))
+    else:
+        sys.stdout.write(kafka_secure.config_snippet(bootstrap, data, args.user, port=port))
+    return 0
+
+
+def cmd_kafka_grant(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker import access as kafka_access
+    from pipeline.broker import secure as kafka_secure
+
+    port = args.port or cfg.local_kafka.port
+    data = kafka_secure.data_dir_for(port, args.data_dir or cfg.local_kafka.data_dir)
+    admin = kafka_secure.client_config(f"localhost:{port}", data, kafka_secure.ADMIN_USER)
+    names = [cfg.topics.name(t) if t in cfg.topics.ROLES else t for t in args.topic or []]
+    count = kafka_access.grant(
+        admin,
+        args.user,
+        topics=names,
+        operations=args.op or ("read", "write", "describe"),
+        group=args.group,
+        prefixed=args.prefixed,
+    )
+    print(f"granted {count} ACLs to User:{args.user}")
+    return 0
+
+
+def cmd_kafka_down(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker.local import stop_broker
+
+    port = args.port or cfg.local_kafka.port
+    stopped = stop_broker(port, purge=args.purge)
+    print(f"Kafka on port {port}: {'stopped' if stopped else 'was not running (not ours)'}")
+    return 0
+
+
+def cmd_kafka_status(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker.local import broker_status
+
+    status = broker_status(args.port or cfg.local_kafka.port)
+    print_json(status)
+    return 0 if status["answering"] else 1
+
+
+# --- topics --------------------------------------------------------------------------
+
+
+def cmd_topics(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline import topics
+
+    if args.action == "create":
+        for name, outcome in topics.create_topics(cfg.kafka, cfg.topics).items():
+            print(f"{name}\t{outcome}")
+    elif args.action == "describe":
+        for row in topics.describe_topics(cfg.kafka, cfg.topics):
+            print_json(row)
+    else:
+        for name in topics.delete_topics(cfg.kafka, cfg.topics):
+            print(f"{name}\tdeleted")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    kafka = sub.add_parser("kafka", help="Local Apache Kafka broker (KRaft, no Docker).")
+    ksub = kafka.add_subparsers(dest="action", required=True)
+    up = ksub.add_parser(
+        "up", help="Start (or reuse) the local broker; prints the bootstrap address."
+    )
+    up.add_argument("--port", type=port)
+    up.add_argument("--data-dir")
+    up.add_argument(
+        "--secure", action="store_true", help="SASL_SSL (SCRAM-SHA-512 over TLS) with ACLs."
+    )
+    up.add_argument(
+        "--user", action="append", help="With --secure: a SCRAM user to create (repeat)."
+    )
+    up.set_defaults(handler=cmd_kafka_up)
+    creds = ksub.add_parser(
+        "creds", help="Secure broker: a user's `kafka:` config (creating the user if new)."
+    )
+    creds.add_argument("--port", type=port)
+    creds.add_argument("--data-dir")
+    creds.add_argument("--user", default="admin")
+    creds.add_argument(
+        "--password",
+        action="store_true",
+        help="Print only the password, e.g. for export ROLLOUT_KAFKA__SASL_PASSWORD=$(…).",
+    )
+    creds.set_defaults(handler=cmd_kafka_creds)
+    grant = ksub.add_parser("grant", help="Secure broker: allow a user topics and a group.")
+    grant.add_argument("--port", type=port)
+    grant.add_argument("--data-dir")
+    grant.add_argument("--user", required=True)
+    grant.add_argument(
+        "--topic", action="append", help="Topic name or role (prompts, replay, …); repeat."
+    )
+    grant.add_argument(
+        "--op",
+        action="append",
+        choices=["read", "write", "describe", "create", "delete", "alter", "describe_configs"],
+        help="Operation on the topics (repeat); default read, write, describe.",
+    )
+    grant.add_argument("--group", help="Consumer group the user may join (READ).")
+    grant.add_argument("--prefixed", action="store_true", help="Names are prefixes.")
+    grant.set_defaults(handler=cmd_kafka_grant)
+    down = ksub.add_parser("down", help="Stop the broker started by `up`.")
+    down.add_argument("--port", type=port)
+    down.add_argument("--purge", action="store_true", help="Delete its data directory too.")
+    down.set_defaults(handler=cmd_kafka_down)
+    status = ksub.add_parser("status", help="Is the local broker answering?")
+    status.add_argument("--port", type=port)
+    status.set_defaults(handler=cmd_kafka_status)
+
+    topics = sub.add_parser("topics", help="Create, describe or delete the pipeline's topics.")
+    topics.add_argument("action", choices=["create", "describe", "delete"])
+    topics.set_defaults(handler=cmd_topics)

@@ -1,0 +1,345 @@
+"""The long-running processes' commands: `rollout replica serve|sync`, `rollout worker
+agent-loop|reward|replay`, `rollout train`. Each parses its config first and imports its
+stage (and torch) only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.common import checked_model_dir, failed, port, print_json
+from pipeline.config import ConfigError, RunConfig
+
+__all__ = ["add_parsers"]
+
+
+def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import socket
+
+    from schemas.events import ReplicaInfo
+    from workers.llm.replicas import get_backend
+    from workers.llm.replicas.registration import ReplicaRegistration
+
+    # Everything a user can get wrong is checked before the backend (torch, vLLM) imports.
+    if args.backend == "hf" or Path(args.model).expanduser().exists():
+        # vLLM also takes a hub id, which is not a path here.
+        args.model = checked_model_dir(args.model, "--model")
+    _require_free_port(args.host, args.port)
+    if args.register:
+        _require_topic(cfg, "replicas", "to register on")
+    backend = get_backend(args.backend)
+    replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
+    advertised = args.advertise or f"http://{host}:{args.port}"
+    registration = None
+    if args.register:
+        info = ReplicaInfo(
+            replica_id=replica_id,
+            address=advertised,
+            backend=args.backend,
+            model=args.model,
+            version=args.version,
+        )
+        registration = ReplicaRegistration(cfg.kafka, cfg.topics.name("replicas"), info)
+        registration.start()
+    extra: dict[str, Any] = {}
+    if args.backend == "hf":
+        extra["threads"] = args.threads
+    else:
+        extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
+    if args.backend == "vllm":
+        extra.update(
+            dtype=args.dtype, max_model_len=args.max_model_len, extra_args=tuple(args.vllm_arg)
+        )
+        extra["python"] = args.vllm_python or cfg.vllm.python
+    try:
+        result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
+    finally:
+        if registration is not None:
+            registration.leave()
+    return int(result or 0)
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """ConfigError if nothing can listen on host:port (in use, or no such address). A probe:
+    the port is free again at once, for the backend to bind; losing that race is rare."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        socket.create_server((host, port), family=family).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _require_topic(cfg: RunConfig, role: str, why: str) -> None:
+    from workers.kafka.admin import missing_topics
+    from workers.kafka.exceptions import MissingTopicsError
+
+    if missing := missing_topics(cfg.kafka, [cfg.topics.name(role)]):
+        raise MissingTopicsError(
+            f"no topic {missing[0]} {why} (run `rollout topics create`)", topics=missing
+        )
+
+
+def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
+    import asyncio
+    import signal
+
+    # A SIGTERM that arrives while the worker is still importing or connecting is a request
+    # to stop, honoured gracefully once it runs (exit 0), not a crash.
+    early_stop = _stop_event_on_signals()
+
+    from workers.agent_loop.worker import AgentLoopWorker
+
+    worker_cfg = cfg.agent_loop
+    if args.model:
+        worker_cfg = worker_cfg.model_copy(update={"model": args.model})
+    if args.replica:
+        worker_cfg = worker_cfg.model_copy(update={"replicas": args.replica})
+    if not worker_cfg.model:
+        raise ConfigError("agent_loop.model (or --model) must name the model directory")
+    checked_model_dir(worker_cfg.model, "--model" if args.model else "agent_loop.model")
+    metrics = _metrics("agent-loop", args)
+
+    async def main() -> int:
+        from aiokafka.errors import KafkaError
+
+        from workers.kafka.exceptions import KafkaUnavailableError
+
+        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, worker.stop)
+        loop.add_signal_handler(
+            signal.SIGINT, _interrupt_handler(worker, worker_cfg.grace_period_s)
+        )
+        if early_stop.is_set():
+            worker.stop()
+        try:
+            await worker.run()
+        except KafkaUnavailableError as exc:
+            return failed(str(exc), 75)
+        except KafkaError as exc:
+            # The broker is down or unreachable (at start, or a client gave up): nothing was
+            # committed past what is done, so starting again later is the whole remedy.
+            return failed(f"Kafka at {cfg.kafka.bootstrap}: {exc}", 75)
+        # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
+        # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
+        if lost := worker.counters["prompts_failed"]:
+            return failed(
+                f"stopped after {lost} prompt(s) failed (logged above); they are "
+                "redelivered when a worker starts again",
+                75,
+            )
+        return 0
+
+    return asyncio.run(main())
+
+
+def _interrupt_handler(worker: Any, grace_s: float) -> Any:
+    """Ctrl-C: stop gracefully (the prompts in flight get `grace_s` to finish), saying so;
+    a second Ctrl-C exits at once. Safe: offsets are committed only after the outputs are
+    acknowledged, so whatever was in flight is redelivered, as after a kill."""
+    import os
+    import sys
+
+    interrupted = False
+
+    def on_interrupt() -> None:
+        nonlocal interrupted
+        if interrupted:
+            print("rollout: aborted; unfinished prompts are redelivered", file=sys.stderr)
+            os._exit(130)
+        interrupted = True
+        print(
+            f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
+            "(Ctrl-C again to abort)",
+            file=sys.stderr,
+        )
+        worker.stop()
+
+    return on_interrupt
+
+
+def _metrics(stage: str, args: argparse.Namespace) -> Any:
+    """The process's `StageMetrics`, served on `--metrics-port` (0 or absent: not served)."""
+    from workers.metrics import StageMetrics, TrainerMetrics
+
+    metrics = TrainerMetrics() if stage == "train" else StageMetrics(stage)  # type: ignore[arg-type]
+    metrics.serve(args.metrics_port)
+    return metrics
+
+
+def _stop_event_on_signals() -> Any:
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.reward.worker import run_worker
+
+    if cfg.reward.tokenizer:
+        checked_model_dir(cfg.reward.tokenizer, "reward.tokenizer")
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
+
+
+def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.replay.worker import run_worker
+
+    return int(run_worker(cfg.kafka, cfg.topics, cfg.replay, metrics=_metrics("replay", args)) or 0)
+
+
+def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from dataclasses import asdict
+
+    from pipeline.launch.torchrun import launched_by_torchrun
+    from workers.trainer.trainer import run_trainer
+
+    trainer_cfg = cfg.trainer
+    if args.model:
+        trainer_cfg = trainer_cfg.model_copy(update={"model_dir": args.model})
+    if args.nproc:
+        trainer_cfg = trainer_cfg.model_copy(update={"nproc": args.nproc})
+    if args.ray is not None and not launched_by_torchrun():  # the driver of N rank actors
+        import sys
+
+        from pipeline.launch.ray.trainer import train_on_ray
+
+        return train_on_ray(cfg, trainer_cfg, sys.argv[1:], address=args.ray or None)
+    if trainer_cfg.nproc > 1 or launched_by_torchrun():
+        return _train_sharded(args, cfg, trainer_cfg)
+    stop, metrics = _stop_event_on_signals(), _metrics("train", args)
+    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
+    print_json(asdict(result))
+    return 0
+
+
+def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -> int:
+    """`rollout train` as N torchrun ranks: relaunch this very command under torchrun, then in
+    each rank run `workers.trainer.sharded` (metrics served and the result printed by rank 0)."""
+    import os
+    import sys
+    from dataclasses import asdict
+
+    from pipeline.launch.torchrun import launched_by_torchrun, relaunch
+
+    if not launched_by_torchrun():
+        return relaunch(trainer_cfg.nproc, "pipeline.cli.main", sys.argv[1:])
+    from workers.trainer.sharded import leave_rank, run_sharded_trainer
+
+    rank0 = os.environ.get("RANK", "0") == "0"
+    stop = _stop_event_on_signals()
+    metrics = _metrics("train", args) if rank0 else None
+    result = run_sharded_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
+    if result is not None:
+        print_json(asdict(result))
+    leave_rank(0)
+
+
+def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from workers.llm.replicas.sync import run_controller
+
+    stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
+    run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)
+    return 0
+
+
+def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: off).",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    from workers.llm.replicas import BACKENDS  # names only: the package imports no backend
+
+    replica = sub.add_parser("replica", help="Inference replicas.")
+    rsub = replica.add_subparsers(dest="action", required=True)
+    serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
+    serve.add_argument(
+        "--backend", default="hf", choices=sorted(BACKENDS), help="hf (CPU) or vllm (GPUs)."
+    )
+    serve.add_argument("--model", required=True, help="Model directory.")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=port, default=8000)
+    serve.add_argument("--replica-id")
+    serve.add_argument(
+        "--version", type=int, default=0, help="Policy version of the weights at start."
+    )
+    serve.add_argument("--threads", type=int, default=2, help="torch threads (hf).")
+    serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
+    serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
+    for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
+        serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
+    serve.add_argument(
+        "--vllm-python",
+        metavar="PY",
+        help="Interpreter with vLLM (vllm.python; default .venv-vllm/bin/python if present).",
+    )
+    serve.add_argument("--max-model-len", type=int, help="Context length cap (vllm).")
+    serve.add_argument("--dtype", default="auto", help="Weights dtype, e.g. float32 (vllm).")
+    serve.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more `vllm serve` argument, verbatim (repeat; --vllm-arg=-O0).",
+    )
+    serve.set_defaults(handler=cmd_replica_serve)
+
+    sync = rsub.add_parser("sync", help="Load each new policy version into a replica.")
+    sync.add_argument("--replica", required=True, help="The replica's URL.")
+    _add_metrics_port(sync)
+    sync.set_defaults(handler=cmd_replica_sync)
+
+    train = sub.add_parser("train", help="The off-policy trainer on the replay topic.")
+    train.add_argument("--model", help="Model directory (trainer.model_dir).")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Ranks on this node, FSDP2-sharded via torchrun (trainer.nproc; 1: one process).",
+    )
+    train.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="Run the --nproc ranks as Ray actors, one each (a GPU each on cuda), on the "
+        "cluster at ADDRESS (none: the local one).",
+    )
+    _add_metrics_port(train)
+    train.set_defaults(handler=cmd_train)
+
+    worker = sub.add_parser("worker", help="Pipeline stages.")
+    wsub = worker.add_subparsers(dest="stage", required=True)
+    agent = wsub.add_parser("agent-loop", help="rl.prompts → agent loops → rl.turns.")
+    agent.add_argument("--model", help="Model directory for the tokenizer (agent_loop.model).")
+    _add_metrics_port(agent)
+    agent.add_argument(
+        "--replica", action="append", help="Replica URL (repeat); default: discover."
+    )
+    agent.set_defaults(handler=cmd_worker_agent_loop)
+    reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
+    _add_metrics_port(reward)
+    reward.set_defaults(handler=cmd_worker_reward)
+    replay = wsub.add_parser(
+        "replay", help="rl.scored → groups, staleness, advantages → rl.replay."
+    )
+    _add_metrics_port(replay)
+    replay.set_defaults(handler=cmd_worker_replay)

@@ -1,0 +1,300 @@
+"""Launch the whole pipeline on one machine, every stage its own process.
+
+`LocalPipeline(cfg, run_dir, replicas=2)` writes the run's resolved config to
+`run_dir/config.yaml` (secrets masked; they reach the children through the environment),
+then starts, as real subprocesses of the same `rollout` CLI a user would run:
+
+    hf replicas (+ a weight-sync controller beside each)   rollout replica serve / replica sync
+    the agent-loop worker                                  rollout worker agent-loop
+    the reward worker                                      rollout worker reward
+    the replay stage                                       rollout worker replay
+    the trainer                                            rollout train
+
+Each process logs to `run_dir/logs/<name>.log`. `stop()` (and leaving the context manager,
+also on Ctrl-C) sends SIGTERM to every process group it started, waits a grace period, and
+SIGKILLs what is left — it never touches a process it did not start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import RunConfig
+from pipeline.launch.replicas import free_port
+from schemas.errors import RolloutError
+
+__all__ = [
+    "STAGES",
+    "LocalPipeline",
+    "StageExitedError",
+    "StagePlan",
+    "StageProcess",
+    "log_tail",
+    "secret_env",
+    "spawn_logged",
+]
+
+log = logging.getLogger("rollout.launch")
+
+
+class StageExitedError(RolloutError):
+    """A stage of the local pipeline exited; the message ends with its log's last lines."""
+
+    def __init__(self, name: str, code: int, tail: str) -> None:
+        super().__init__(f"stage {name} exited with {code}:\n{tail}")
+        self.name = name
+        self.code = code
+
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = ("agent-loop", "reward", "replay", "train")
+
+
+def spawn_logged(
+    argv: list[str], log_path: Path, env: dict[str, str], cwd: str | Path = REPO
+) -> subprocess.Popen[bytes]:
+    """Start `argv` with its output appended to `log_path` and no stdin, as the leader of its
+    own process group, so a stop can signal it together with whatever it started."""
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def log_tail(log_path: Path, chars: int = 2000) -> str:
+    """The last `chars` characters of a process's log ('' before it wrote one)."""
+    try:
+        return log_path.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class StageProcess:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = spawn_logged(self.argv, self.log_path, env)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def tail(self, chars: int = 2000) -> str:
+        return log_tail(self.log_path, chars)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What decides the processes of one run, but the replicas' ports.
+
+    Both launchers take these fields as keywords (`LocalPipeline(cfg, run_dir, model_dir=...,
+    backend="vllm")`, `launch.ray.stages.up`) and start the same `processes`, so both run exactly the
+    commands a user would type.
+    """
+
+    model_dir: str
+    replica_threads: int = 1
+    stages: tuple[str, ...] = STAGES
+    agent_loop_workers: int = 1
+    host: str = "127.0.0.1"
+    backend: str = "hf"
+    replica_args: tuple[str, ...] = ()  # appended to every `replica serve` (`--tp 2` for vllm)
+
+    def processes(
+        self, replica_ports: list[int], metrics_ports: dict[str, int] | None = None
+    ) -> list[tuple[str, list[str]]]:
+        """The processes as `(name, rollout CLI arguments)`, in start order.
+
+        With more than one agent-loop worker they are named `agent-loop-0`, `agent-loop-1`,
+        ... (one consumer group; Kafka shares the partitions). `metrics_ports` maps process
+        names (not replicas: they serve `/metrics` on their own port) to the
+        `--metrics-port` each gets.
+        """
+        plan: list[tuple[str, list[str]]] = []
+        for i, port in enumerate(replica_ports):
+            url = f"http://{self.host}:{port}"
+            plan.append((f"replica-{i}", [
+                "replica", "serve",
+                "--backend", self.backend,
+                "--model", self.model_dir,
+                "--port", str(port),
+                "--replica-id", f"replica-{i}",
+                "--threads", str(self.replica_threads),
+                "--register",
+                *self.replica_args,
+            ]))  # fmt: skip
+            plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
+        commands = {
+            "agent-loop": ["worker", "agent-loop", "--model", self.model_dir],
+            "reward": ["worker", "reward"],
+            "replay": ["worker", "replay"],
+            "train": ["train"],
+        }
+        for stage in self.stages:
+            if stage not in commands:
+                raise ValueError(f"unknown stage {stage!r}; known: {', '.join(commands)}")
+            if stage == "agent-loop" and self.agent_loop_workers > 1:
+                workers = range(self.agent_loop_workers)
+                plan.extend((f"agent-loop-{i}", commands[stage]) for i in workers)
+            else:
+                plan.append((stage, commands[stage]))
+        return _with_metrics_ports(plan, metrics_ports or {})
+
+
+def _with_metrics_ports(
+    plan: list[tuple[str, list[str]]], ports: dict[str, int]
+) -> list[tuple[str, list[str]]]:
+    names = {name for name, _ in plan if not name.startswith("replica-")}
+    if unknown := sorted(set(ports) - names):
+        raise ValueError(f"no process takes --metrics-port: {', '.join(unknown)}")
+    return [
+        (name, [*argv, "--metrics-port", str(ports[name])] if name in ports else argv)
+        for name, argv in plan
+    ]
+
+
+def secret_env(cfg: RunConfig) -> dict[str, str]:
+    """Secrets travel to the children by environment, never in the config file on disk."""
+    env: dict[str, str] = {}
+    kafka = cfg.kafka
+    if kafka.sasl_password is not None:
+        env["ROLLOUT_KAFKA__SASL_PASSWORD"] = kafka.sasl_password.get_secret_value()
+    if kafka.ssl_password is not None:
+        env["ROLLOUT_KAFKA__SSL_PASSWORD"] = kafka.ssl_password.get_secret_value()
+    return env
+
+
+class LocalPipeline:
+    """Every stage of one run as subprocesses; a context manager that always cleans up."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path,
+        *,
+        replicas: int = 2,
+        extra_env: dict[str, str] | None = None,
+        metrics: bool = False,
+        **plan: Any,
+    ) -> None:
+        """`plan`: the fields of `StagePlan` (`model_dir`, `backend`, `agent_loop_workers`, ...)."""
+        self.cfg = cfg
+        self.plan = StagePlan(**plan)
+        self.run_dir = Path(run_dir)
+        self.replicas = replicas
+        self.extra_env = extra_env or {}
+        self.processes: list[StageProcess] = []
+        self.replica_urls: list[str] = []
+        self.metrics = metrics  # each non-replica process serves /metrics on a free port
+        self.metrics_ports: dict[str, int] = {}
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> LocalPipeline:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        config_path = self.run_dir / "config.yaml"
+        config_path.write_text(yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
+        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        base = [sys.executable, "-m", "pipeline.cli.main", "--config", str(config_path)]
+        ports = [free_port() for _ in range(self.replicas)]
+        self.replica_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        plan = self.plan.processes(ports)
+        if self.metrics:
+            names = [name for name, _ in plan if not name.startswith("replica-")]
+            self.metrics_ports = {name: free_port() for name in names}
+            plan = _with_metrics_ports(plan, self.metrics_ports)
+        for name, argv in plan:
+            self._add(name, [*base, *argv], env)
+        return self
+
+    def _add(self, name: str, argv: list[str], env: dict[str, str]) -> StageProcess:
+        stage = StageProcess(name, argv, self.run_dir / "logs" / f"{name}.log")
+        stage.start(env)
+        self.processes.append(stage)
+        log.info("started %s (pid %s)", name, stage.proc.pid if stage.proc else "?")
+        return stage
+
+    def _secret_env(self) -> dict[str, str]:
+        return secret_env(self.cfg)
+
+    def check(self) -> None:
+        """Raise if any stage died (with the end of its log)."""
+        for stage in self.processes:
+            if stage.proc is not None and stage.proc.poll() is not None:
+                raise StageExitedError(stage.name, stage.proc.returncode, stage.tail())
+
+    def process(self, name: str) -> StageProcess:
+        return next(p for p in self.processes if p.name == name)
+
+    def restart(self, name: str) -> StageProcess:
+        """Start a stage again with the same command (after it was killed)."""
+        old = self.process(name)
+        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        old.start(env)
+        return old
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        # Producers first, so downstream stages can drain what is already on the topics.
+        for stage in reversed(self.processes):
+            stage.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for stage in self.processes:
+            while stage.alive and time.monotonic() < deadline:
+                time.sleep(0.1)
+        for stage in self.processes:
+            if stage.alive:
+                log.warning("%s did not stop within %.0fs; killing it", stage.name, grace_s)
+                stage.signal(signal.SIGKILL)
+            if stage.proc is not None:
+                try:
+                    stage.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def __enter__(self) -> LocalPipeline:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            p.name: {
+                "pid": p.proc.pid if p.proc else None,
+                "alive": p.alive,
+                "log": str(p.log_path),
+            }
+            for p in self.processes
+        }

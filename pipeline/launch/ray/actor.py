@@ -1,0 +1,107 @@
+"""The body of one stage's Ray actor: it starts, watches and stops one `rollout` child.
+
+`StageRunner` is a plain class (the launcher wraps it with `ray.remote`), so importing this
+module imports no Ray. The child is `python -m pipeline.launch.ray.child <actor pid> <rollout argv>`
+(its own module, so this one never imports the CLI that launches it): it asks the kernel for
+SIGTERM when the actor that started it dies (PDEATHSIG), checks the actor is still its
+parent, then runs `pipeline.cli.main.main` in its own main thread, where the workers install
+their signal handlers and event loops. The child leads its own process
+group, so a stop (SIGTERM, a grace period, SIGKILL) reaches whatever it started too.
+Invariant: the actor's methods run on its main thread, the thread that started the child,
+which is the thread PDEATHSIG watches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.launch.local import REPO, log_tail, spawn_logged
+
+__all__ = ["StageRunner"]
+
+log = logging.getLogger("rollout.ray_stage")
+
+
+class StageRunner:
+    """One stage's actor: a `rollout` child process, its log, its stop."""
+
+    def __init__(self, name: str, log_path: str) -> None:
+        self.name = name
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node, a port free on all its interfaces (for a replica, or rank 0's
+        rendezvous) and the GPUs Ray granted it (their ids on the node)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("0.0.0.0", 0))
+            port = int(sock.getsockname()[1])
+        ctx = ray.get_runtime_context()
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        ip = ray.util.get_node_ip_address()
+        return {"node_id": ctx.get_node_id(), "ip": ip, "port": port, "gpus": gpus}
+
+    def start(
+        self, cli_argv: list[str], env: dict[str, str], cwd: str | None = None
+    ) -> dict[str, Any]:
+        """Start the child in `cwd` (default: the checkout; a caller's own directory keeps
+        its relative paths meaning the same), with this checkout importable either way."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.argv = [sys.executable, "-m", "pipeline.launch.ray.child", str(os.getpid()), *cli_argv]
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        paths = [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        child_env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+        self.proc = spawn_logged(self.argv, self.log_path, child_env, cwd or REPO)
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "stage": self.name,
+            "node": ray.util.get_node_ip_address(),
+            "pid": self.proc.pid if self.proc else None,
+            "returncode": self.poll(),
+            "log": str(self.log_path),
+        }
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM, wait up to `grace_s`, then SIGKILL the child's group; its exit status."""
+        if self.proc is None:
+            return None
+        self.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs; killing it", self.name, grace_s)
+        self._signal(signal.SIGKILL, after_exit=True)
+        return self.proc.wait(timeout=10)
+
+    def tail(self, chars: int = 2000) -> str:
+        return log_tail(self.log_path, chars)
+
+    def _signal(self, sig: int, *, after_exit: bool = False) -> None:
+        """Signal the child's process group; `after_exit`: also once the child has exited,
+        to reach what it left behind in its group."""
+        if self.proc is None or (not after_exit and self.proc.poll() is not None):
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

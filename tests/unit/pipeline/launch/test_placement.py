@@ -1,0 +1,83 @@
+"""Replica sizing: world_size = TP x DP x PP, replicas = total_gpus // world_size."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.launch.placement import ReplicaPlacementConfig, RolloutMode
+
+
+@pytest.mark.parametrize(
+    ("tp", "dp", "pp", "nnodes", "gpn", "ws", "replicas", "per_node", "nodes_per"),
+    [
+        (1, 1, 1, 1, 8, 1, 8, 8, 1),
+        (2, 1, 1, 1, 8, 2, 4, 4, 1),
+        (2, 2, 1, 2, 8, 4, 4, 2, 1),
+        (4, 1, 2, 2, 8, 8, 2, 1, 1),
+        (8, 1, 2, 4, 8, 16, 2, 0, 2),
+        (8, 2, 2, 4, 8, 32, 1, 0, 4),
+    ],
+)
+def test_sizing(tp, dp, pp, nnodes, gpn, ws, replicas, per_node, nodes_per) -> None:
+    cfg = ReplicaPlacementConfig(
+        tensor_parallel_size=tp,
+        data_parallel_size=dp,
+        pipeline_parallel_size=pp,
+        nnodes=nnodes,
+        gpus_per_node=gpn,
+    )
+    assert cfg.world_size == ws
+    assert cfg.replicas == cfg.max_replicas == replicas
+    assert cfg.replicas_per_node == per_node
+    assert cfg.nodes_per_replica == nodes_per
+
+
+def test_replica_gpus_pack_node_by_node() -> None:
+    cfg = ReplicaPlacementConfig(tensor_parallel_size=4, nnodes=2, gpus_per_node=8)
+    assert cfg.replicas == 4
+    assert cfg.replica_gpus(0) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert cfg.replica_gpus(3) == [(1, 4), (1, 5), (1, 6), (1, 7)]
+    with pytest.raises(IndexError):
+        cfg.replica_gpus(4)
+    span = ReplicaPlacementConfig(tensor_parallel_size=16, nnodes=2, gpus_per_node=8)
+    assert {n for n, _ in span.replica_gpus(0)} == {0, 1}
+
+
+def test_standalone_may_leave_gpus_spare_and_run_fewer() -> None:
+    cfg = ReplicaPlacementConfig(tensor_parallel_size=2, nnodes=1, gpus_per_node=8, num_replicas=3)
+    assert cfg.replicas == 3 and cfg.max_replicas == 4
+
+
+def test_cpu_replicas() -> None:
+    cfg = ReplicaPlacementConfig(gpus_per_node=0, num_replicas=2)
+    assert cfg.replicas == 2 and cfg.replica_gpus(1) == []
+    with pytest.raises(ValidationError, match="need num_replicas"):
+        ReplicaPlacementConfig(gpus_per_node=0)
+    with pytest.raises(ValidationError, match="cannot be tensor"):
+        ReplicaPlacementConfig(gpus_per_node=0, num_replicas=1, tensor_parallel_size=2)
+    with pytest.raises(ValidationError, match="needs GPUs"):
+        ReplicaPlacementConfig(gpus_per_node=0, num_replicas=1, mode="hybrid")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tensor_parallel_size": 16, "gpus_per_node": 8}, "exceeds"),
+        ({"tensor_parallel_size": 3, "gpus_per_node": 8}, "straddle"),
+        ({"tensor_parallel_size": 12, "nnodes": 2, "gpus_per_node": 8}, "multiple of"),
+        ({"tensor_parallel_size": 2, "gpus_per_node": 8, "num_replicas": 5}, "that fit"),
+        ({"tensor_parallel_size": 0}, "greater than or equal"),
+        ({"mode": "colocated", "tensor_parallel_size": 2, "num_replicas": 2}, "num_replicas must"),
+        ({"tp": 2}, "Extra inputs"),
+    ],
+)
+def test_invalid(kwargs, match) -> None:
+    with pytest.raises(ValidationError, match=match):
+        ReplicaPlacementConfig(**kwargs)
+
+
+def test_modes_parse_from_strings() -> None:
+    cfg = ReplicaPlacementConfig.model_validate({"mode": "hybrid", "tensor_parallel_size": 2})
+    assert cfg.mode is RolloutMode.HYBRID and cfg.replicas == 4
+    assert {m.value for m in RolloutMode} == {"standalone", "colocated", "hybrid"}
