@@ -181,7 +181,8 @@ def start_broker(
     """Start (or reuse) a single-node KRaft broker; return once it answers metadata.
 
     `secure=True`: a SASL_SSL listener (SCRAM-SHA-512, TLS from a CA of its own) with ACLs
-    instead of PLAINTEXT; `users` get SCRAM credentials besides `admin` (see `pipeline.broker.secure`).
+    instead of PLAINTEXT; `users` get SCRAM credentials besides `admin` (see
+    `pipeline.broker.secure`).
     """
     started = time.monotonic()
     bootstrap = f"localhost:{port}"

@@ -12,8 +12,9 @@ once per data directory:
 
 Then users are created at format time (`StorageTool format --add-scram`, passed through a
 0600 Java argument file so no password shows in a process list) or, for a data directory
-formatted earlier, through the admin API (`broker.access.ensure_users`). `broker.access.grant()` adds
-ACLs; `client_config()` and `config_snippet()` give any stage its `kafka:` settings.
+formatted earlier, through the admin API (`broker.access.ensure_users`).
+`broker.access.grant()` adds ACLs; `client_config()` and `config_snippet()` give any stage
+its `kafka:` settings.
 
 Invariants:
 - Secrets live only in 0600 files under the data directory and in memory; they are never

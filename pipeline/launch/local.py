@@ -116,8 +116,8 @@ class StagePlan:
     """What decides the processes of one run, but the replicas' ports.
 
     Both launchers take these fields as keywords (`LocalPipeline(cfg, run_dir, model_dir=...,
-    backend="vllm")`, `launch.ray.stages.up`) and start the same `processes`, so both run exactly the
-    commands a user would type.
+    backend="vllm")`, `launch.ray.stages.up`) and start the same `processes`, so both run
+    exactly the commands a user would type.
     """
 
     model_dir: str

@@ -3,7 +3,8 @@
 It asks the kernel for SIGTERM when the actor that started it dies (PDEATHSIG), checks the
 actor is still its parent (else it exits 1 at once), then runs `pipeline.cli.main.main(argv)` in
 its own main thread. Nothing imports this module: it is the leaf that closes the circle
-CLI → `launch.ray.stages` → `launch.ray.actor` → child → CLI in a new process, not in the import graph.
+CLI → `launch.ray.stages` → `launch.ray.actor` → child → CLI in a new process, not in the
+import graph.
 """
 
 from __future__ import annotations

@@ -250,8 +250,8 @@ def up(
     node_gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
     world_size = replica_world_size(backend, parallel, replicas, node_gpus)
     replica_gpus = 0 if backend == "hf" else replicas * world_size
-    # trainer.nproc > 1: the train actor is the driver of one actor per rank (`pipeline.launch.ray.trainer`),
-    # which ask for the GPUs and CPUs themselves
+    # trainer.nproc > 1: the train actor is the driver of one actor per rank
+    # (`pipeline.launch.ray.trainer`), which ask for the GPUs and CPUs themselves
     ranks = cfg.trainer.nproc if "train" in stages and cfg.trainer.nproc > 1 else 0
     train_gpus = (
         trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus)
