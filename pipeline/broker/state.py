@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["INFRA", "BrokerState", "cache_home", "rollout_home"]
 
-INFRA = Path(__file__).resolve().parent.parent / "infra" / "kafka"
+INFRA = Path(__file__).resolve().parents[2] / "infra" / "kafka"
 
 
 def rollout_home() -> Path:

@@ -47,11 +47,15 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """Print a topic's records; never produces (an undecodable record is shown with its
+    error, not dead-lettered), and commits only with `--group`."""
+    import json
     import time
 
+    from pipeline.observe.records import show
     from workers.kafka.admin import missing_topics
+    from workers.kafka.clients import make_consumer
     from workers.kafka.exceptions import MissingTopicsError
-    from workers.kafka.stream import EventStream
 
     topic = cfg.topics.name(args.topic) if args.topic in cfg.topics.ROLES else args.topic
     if missing_topics(cfg.kafka, [topic]):
@@ -60,19 +64,39 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
             "creates the run's topics, `rollout produce` fills rl.prompts",
             topics=[topic],
         )
-    seen = 0
+    seen = shown = 0
     deadline = time.monotonic() + args.timeout
-    with EventStream(
-        cfg.kafka, [topic], group_id=args.group, stage="consume", dlq_topic=cfg.topics.name("dlq")
-    ) as stream:
-        while time.monotonic() < deadline and (args.limit is None or seen < args.limit):
-            for item in stream.poll(timeout_ms=500):
-                sys.stdout.write(item.event.model_dump_json() + "\n")
-                seen += 1
+    consumer = make_consumer(cfg.kafka, topic, group_id=args.group, name="consume")
+    try:
+        while time.monotonic() < deadline and (args.limit is None or shown < args.limit):
+            for records in consumer.poll(timeout_ms=500).values():
+                for r in records:
+                    seen += 1
+                    row = show(r.topic, r.partition, r.offset, r.value, r.headers)
+                    if _wanted(row, args) and (args.limit is None or shown < args.limit):
+                        sys.stdout.write(json.dumps(row if args.records else _plain(row)) + "\n")
+                        shown += 1
             if args.group:
-                stream.commit()
-    print(f"consumed {seen} events from {topic}", file=sys.stderr)
+                consumer.commit()
+    finally:
+        consumer.close()
+    print(f"consumed {seen} records from {topic}, shown {shown}", file=sys.stderr)
     return 0
+
+
+def _wanted(row: dict[str, Any], args: argparse.Namespace) -> bool:
+    letter = row.get("dead_letter")
+    if args.stage and (letter is None or letter["stage"] != args.stage):
+        return False
+    return not (args.cause and (letter is None or letter["cause"] != args.cause))
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A decoded event of an ordinary topic is printed alone (the event's own JSON); a dead
+    letter or an undecodable record keeps the whole row, with its reason."""
+    if "event" in row and "dead_letter" not in row:
+        return dict(row["event"])
+    return row
 
 
 def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -110,16 +134,27 @@ def add_parsers(sub: Any) -> None:
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
     produce.set_defaults(handler=cmd_produce)
 
-    consume = sub.add_parser("consume", help="Print a topic's events as JSON lines.")
+    consume = sub.add_parser(
+        "consume",
+        help="Print a topic's records as JSON lines (dead letters with their reason); "
+        "never writes to any topic.",
+    )
     consume.add_argument(
-        "--topic", default="prompts", help="A role (prompts, turns, …) or a topic name."
+        "--topic", default="prompts", help="A role (prompts, turns, dlq, …) or a topic name."
     )
     consume.add_argument(
         "--group", help="Consumer group (committed); default: none, from the start."
     )
-    consume.add_argument("--limit", type=int)
+    consume.add_argument("--limit", type=at_least(0, int), help="Print at most this many.")
     consume.add_argument(
         "--timeout", type=float, default=10.0, help="Stop after this many seconds."
+    )
+    consume.add_argument("--stage", help="Only dead letters from this stage (e.g. reward).")
+    consume.add_argument("--cause", help="Only dead letters of this cause (e.g. json).")
+    consume.add_argument(
+        "--records",
+        action="store_true",
+        help="Every record as {topic, partition, offset, event|undecodable[, dead_letter]}.",
     )
     consume.set_defaults(handler=cmd_consume)
 

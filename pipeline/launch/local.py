@@ -56,7 +56,7 @@ class StageExitedError(RolloutError):
         self.code = code
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STAGES = ("agent-loop", "reward", "replay", "train")
 
 
