@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from schemas.arrays import FloatArray, IntArray, MaskArray, arrays_equal
 
@@ -88,7 +88,11 @@ class RewardModelSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     style: str = Field(default="rule", description="'rule' or 'model'.")
-    ground_truth: str | None = Field(default=None, description="Reference answer, if any.")
+    ground_truth: JsonValue = Field(
+        default=None,
+        description="Reference answer, if any, of any JSON type as verl's datasets write it: "
+        "a string, a number, a list, or a dict such as Search-R1's {'target': [...]}.",
+    )
 
 
 class ExtraFields(BaseModel):

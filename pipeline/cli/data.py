@@ -15,7 +15,7 @@ __all__ = ["add_parsers"]
 
 
 def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.data.datasets import read_rows
+    from pipeline.data.datasets import dataset_uid_prefix, read_rows
     from pipeline.data.producer import PromptProducer
     from pipeline.topics import require_topics
 
@@ -25,7 +25,7 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         report = producer.produce_rows(
             rows,
-            uid_prefix=args.uid_prefix or Path(args.dataset).stem,
+            uid_prefix=args.uid_prefix or dataset_uid_prefix(args.dataset),
             default_data_source=cfg.produce.default_data_source,
             limit=args.limit,
             rate=args.rate or cfg.produce.rate,
@@ -130,7 +130,10 @@ def add_parsers(sub: Any) -> None:
         type=at_least(0, float, strict=True),
         help="Prompts per second (default: as fast as possible).",
     )
-    produce.add_argument("--uid-prefix", help="Prefix of generated uids (default: file stem).")
+    produce.add_argument(
+        "--uid-prefix",
+        help="Prefix of generated uids (default: the file's stem and a digest of its bytes).",
+    )
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
     produce.set_defaults(handler=cmd_produce)
 

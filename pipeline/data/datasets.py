@@ -1,14 +1,25 @@
 """Read verl-format datasets (parquet, JSONL) into `PromptEvent`s.
 
 A row has verl's columns: `prompt` (chat messages, or a plain string taken as one user
-message), `data_source`, `reward_model` (`{style, ground_truth}`), `extra_info`, optional
-`ability`, `agent_name`, `n` and `uid`. A row without `uid` gets a deterministic one,
-`{prefix}-{row_number}` (prefix: the file's stem unless given), so producing the same file
-again yields the same uids and downstream de-duplication recognises them.
+message), `data_source`, `reward_model` (`{style, ground_truth}`, the ground truth of any JSON
+type), `extra_info` (carried whole: `tools_kwargs`, `index`, …), optional `ability`,
+`agent_name`, `n` and `uid`. Nothing in a row vanishes without a word: a row with `images` or
+`videos` is refused with its row number (they are not taken yet, and training on the text
+alone would silently change the task), and any other column the pipeline does not read is
+named, with how many rows had it, by `unused_columns` (the producer's report counts them).
+
+A row without `uid` gets a deterministic one,
+`{prefix}-{row_number}`. The prefix, unless given, is `dataset_uid_prefix(path)`: the file's
+stem and a digest of its bytes (`train-3f2a9c1b`), so producing the same file again (from any
+path) yields the same uids and downstream de-duplication recognises them, while two datasets
+whose files share a stem (verl writes `gsm8k/train.parquet` and `math/train.parquet`) get
+different ones. A file changed in any byte is a new dataset: pin `--uid-prefix` to keep the
+old uids for rows that did not change.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,7 +30,21 @@ from pydantic import ValidationError
 from schemas.errors import RolloutError
 from schemas.events import PromptEvent
 
-__all__ = ["DatasetError", "RowError", "read_rows", "row_to_prompt"]
+__all__ = [
+    "DatasetError",
+    "RowError",
+    "dataset_uid_prefix",
+    "read_rows",
+    "row_to_prompt",
+    "unused_columns",
+]
+
+#: The columns a row may have that `row_to_prompt` reads.
+READ_COLUMNS = frozenset(
+    {"prompt", "data_source", "reward_model", "extra_info", "ability", "agent_name", "n", "uid"}
+)
+#: Media columns verl's datasets carry (geo3k's `images`), refused rather than dropped.
+MEDIA_COLUMNS = ("images", "videos")
 
 
 class DatasetError(RolloutError):
@@ -63,6 +88,27 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     raise DatasetError(f"unsupported dataset format {suffix!r} (use .parquet, .jsonl or .json)")
 
 
+def dataset_uid_prefix(path: str | Path) -> str:
+    """`{stem}-{8 hex digits of the file's BLAKE2b}`: stable for the same bytes, distinct
+    for files that share a stem but not their content."""
+    digest = hashlib.blake2b(digest_size=4)
+    with Path(path).open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return f"{Path(path).stem}-{digest.hexdigest()}"
+
+
+def unused_columns(row: Any) -> list[str]:
+    """The columns of `row` that no stage reads (empty media columns count as absent)."""
+    if not isinstance(row, Mapping):
+        return []
+    return sorted(
+        str(k)
+        for k, v in row.items()
+        if k not in READ_COLUMNS and not (k in MEDIA_COLUMNS and not v)
+    )
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as fh:
         for number, line in enumerate(fh):
@@ -100,6 +146,13 @@ def row_to_prompt(
     if not isinstance(row, Mapping):
         raise RowError(row_number, f"expected an object, got {type(row).__name__}")
     fields = dict(row)
+    for media in MEDIA_COLUMNS:
+        if fields.get(media):
+            raise RowError(
+                row_number,
+                f"{media}: {len(fields[media])} given, but prompts with {media} are not "
+                "supported yet (refused, not trained on the text alone)",
+            )
     prompt = fields.get("prompt")
     if isinstance(prompt, str):
         fields["prompt"] = [{"role": "user", "content": prompt}]
@@ -111,9 +164,8 @@ def row_to_prompt(
         fields["data_source"] = default_data_source
     if fields.get("reward_model") is None:
         fields.pop("reward_model", None)
-    known = set(PromptEvent.model_fields) - {"kind", "schema_version", "created_at"}
     try:
-        return PromptEvent.model_validate({k: v for k, v in fields.items() if k in known})
+        return PromptEvent.model_validate({k: v for k, v in fields.items() if k in READ_COLUMNS})
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,13 @@ from typing import Any
 
 from kafka.errors import KafkaError
 
-from pipeline.data.datasets import RowError, read_rows, row_to_prompt
+from pipeline.data.datasets import (
+    RowError,
+    dataset_uid_prefix,
+    read_rows,
+    row_to_prompt,
+    unused_columns,
+)
 from schemas.codec import encode, headers_for
 from schemas.events import PromptEvent
 from workers.kafka.clients import make_producer
@@ -35,10 +42,16 @@ class ProduceReport:
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: column no stage reads → rows that had it (carried nowhere; named so it is not silent)
+    unused_columns: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> str:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
-        return f"produced {self.sent} prompts, skipped {self.skipped} invalid rows ({rate:.0f}/s)"
+        text = f"produced {self.sent} prompts, skipped {self.skipped} invalid rows ({rate:.0f}/s)"
+        if self.unused_columns:
+            named = ", ".join(f"{c} ({n} rows)" for c, n in sorted(self.unused_columns.items()))
+            text += f"; columns no stage reads, not sent: {named}"
+        return text
 
 
 class PromptProducer:
@@ -108,6 +121,8 @@ class PromptProducer:
                 report.errors.append(str(exc))
                 log.debug("skipping %s", exc)  # the report carries it; its reader shows it
                 continue
+            if not isinstance(row, PromptEvent):
+                report.unused_columns.update(unused_columns(row))
             if rate:
                 delay = started + report.sent / rate - time.monotonic()
                 if delay > 0:
@@ -123,7 +138,7 @@ class PromptProducer:
         return report
 
     def produce_file(self, path: str | Path, **kwargs: Any) -> ProduceReport:
-        kwargs.setdefault("uid_prefix", Path(path).stem)
+        kwargs.setdefault("uid_prefix", dataset_uid_prefix(path))
         return self.produce_rows(read_rows(path), **kwargs)
 
 

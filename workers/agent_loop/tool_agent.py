@@ -100,7 +100,9 @@ class ToolAgentLoop(AgentLoopBase):
 
         opts = self.ctx.options
         self.parser = get_parser(opts.get("tool_parser", "hermes"))
-        tools = self._select_tools(sample.get("extra_info") or {})
+        extra_info = sample.get("extra_info") or {}
+        tools = self._select_tools(extra_info)
+        self.create_kwargs = _create_kwargs(extra_info, tools)
         data = AgentData(
             messages=list(sample["messages"]), request_id=sample["request_id"], tools=tools
         )
@@ -145,7 +147,7 @@ class ToolAgentLoop(AgentLoopBase):
         data.prompt_ids = self.apply_chat_template(data.messages, tools=schemas)
         data.context_ids = list(data.prompt_ids)
         for name, tool in data.tools.items():
-            data.instances[name] = await tool.create(None)
+            data.instances[name] = await tool.create(None, **self.create_kwargs.get(name, {}))
         return AgentState.GENERATING
 
     async def _generate(self, data: AgentData, sampling_params: SamplingParams) -> AgentState:
@@ -319,3 +321,25 @@ def _schema_of(tool: Any) -> dict[str, Any]:
     if hasattr(schema, "model_dump"):
         schema = schema.model_dump(exclude_none=True)
     return json.loads(json.dumps(schema))
+
+
+def _create_kwargs(extra_info: dict[str, Any], tools: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """verl's per-sample `extra_info.tools_kwargs`: `{tool: {"create_kwargs": {...}}}`, each
+    tool's `create_kwargs` passed to its `create` (Search-R1's ground truth for its search
+    tool, DAPO's for the code interpreter). A malformed entry ends the sample with a reason
+    (dead-lettered), rather than starting the tool without what the dataset gave it."""
+    given = extra_info.get("tools_kwargs") or {}
+    if not isinstance(given, dict):
+        raise AgentLoopError("extra_info.tools_kwargs must be an object", cause="tool_config")
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in given.items():
+        if name not in tools:
+            continue  # a tool this worker does not offer the sample: nothing to create
+        create = entry.get("create_kwargs", {}) if isinstance(entry, dict) else None
+        if not isinstance(create, dict):
+            raise AgentLoopError(
+                f"extra_info.tools_kwargs.{name}.create_kwargs must be an object",
+                cause="tool_config",
+            )
+        out[name] = create
+    return out

@@ -165,7 +165,7 @@ class Assembled:
     """A complete trajectory, everything but the score (`ScoredTrajectory` minus reward)."""
 
     fields: dict[str, Any]
-    ground_truth: str | None
+    ground_truth: Any  # as the dataset wrote it: any JSON value (`scorers.truth`)
     extra_info: dict[str, Any]
     data_source: str
     started_at: float | None = None  # unix time of turn 0 (its `created_at`)

@@ -35,6 +35,7 @@ from workers.reward.exceptions import RewardError, ScorerError, ScorerTimeout, U
 from workers.reward.pool import ScorerPool
 from workers.reward.rm_client import RewardModelClient
 from workers.reward.scorers.gsm8k import CLIP_CHARS, gsm8k_score
+from workers.reward.scorers.truth import reference_answers
 
 __all__ = ["Dispatcher", "Score", "decode_tail", "load_custom", "normalise_result"]
 
@@ -141,9 +142,13 @@ class Dispatcher:
     def _gsm8k(self, item: Assembled, text: str) -> Score | RewardError:
         if item.ground_truth is None:
             return ScorerError("gsm8k scorer needs reward_model.ground_truth; it is missing")
+        try:
+            truths = reference_answers(item.ground_truth)
+        except ScorerError as exc:
+            return exc
         g = self.config.gsm8k
         value = gsm8k_score(
-            text, item.ground_truth, method=g.method, format_score=g.format_score, score=g.score
+            text, truths, method=g.method, format_score=g.format_score, score=g.score
         )
         return Score(value, {"scorer": "gsm8k"})
 
@@ -198,7 +203,7 @@ class Dispatcher:
             "math",
             {
                 "response": text,
-                "ground_truth": item.ground_truth,
+                "ground_truth": reference_answers(item.ground_truth),
                 "format_score": m.format_score,
                 "score": m.score,
             },

@@ -60,14 +60,16 @@ def same_number(answer: str, truth: str) -> bool:
 
 def gsm8k_score(
     response: str,
-    ground_truth: str,
+    ground_truth: str | list[str],
     *,
     method: Literal["strict", "flexible"] = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """verl's gsm8k reward: `score` if correct, `format_score` if wrong, 0.0 if absent."""
+    """verl's gsm8k reward: `score` if correct, `format_score` if wrong, 0.0 if absent.
+    `ground_truth` may be several answers (`truth.reference_answers`): any one is correct."""
     answer = gsm8k_extract(response, method)
     if answer is None:
         return 0.0
-    return score if same_number(answer, ground_truth) else format_score
+    truths = [ground_truth] if isinstance(ground_truth, str) else ground_truth
+    return score if any(same_number(answer, t) for t in truths) else format_score

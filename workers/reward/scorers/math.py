@@ -82,10 +82,16 @@ def _boxed(text: str) -> str:
 
 
 def math_score(
-    response: str, ground_truth: str, *, format_score: float = 0.0, score: float = 1.0
+    response: str,
+    ground_truth: str | list[str],
+    *,
+    format_score: float = 0.0,
+    score: float = 1.0,
 ) -> float:
-    """`score` if the final answer is equivalent to the ground truth, else as documented."""
+    """`score` if the final answer is equivalent to the ground truth (to any one of them, when
+    given several: `truth.reference_answers`), else as documented."""
     answer = math_extract(response)
     if answer is None:
         return 0.0
-    return score if math_verify_equal(ground_truth, answer) else format_score
+    truths = [ground_truth] if isinstance(ground_truth, str) else ground_truth
+    return score if any(math_verify_equal(t, answer) for t in truths) else format_score
