@@ -143,15 +143,38 @@ class Bench:
         parser: argparse.ArgumentParser = bsub.add_parser(self.name, help=self.text)
         for key, value in self.flags.items():
             default, help_ = value if isinstance(value, tuple) else (value, None)
-            add_flag(parser, key, default, help_)
+            add_flag(parser, key, default, help_ or _FLAG_HELP[key])
         if self.model:
             parser.add_argument("--model", help="Model directory (default: build the tiny model).")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
         parser.set_defaults(handler=self.handler)
         return parser
 
 
 _SAMPLES_PER_PROMPT = (4, "Samples per prompt.")
+
+#: The help of a flag that several benchmarks share, where its entry gives none.
+_FLAG_HELP = {
+    "tokens": "Tokens per message (or per turn).",
+    "rounds": "Measured rounds (the figures are their median).",
+    "replicas": "Replicas.",
+    "ids": "Distinct request ids.",
+    "concurrency": "Requests in flight at once.",
+    "conversations": "Conversations (each a run of turns).",
+    "trajectories": "Trajectories.",
+    "turns": "Turn events per trajectory.",
+    "pool_workers": "Scorer process-pool workers.",
+    "batch_size": "Records per stage batch.",
+    "steps": "Trainer steps.",
+    "max_tokens": "Tokens generated per sample at most.",
+    "requests": "Requests.",
+    "prompts": "Prompts.",
+    "groups": "Groups per step.",
+    "response_tokens": "Tokens per response.",
+    "mini_batches": "PPO mini-batches per step.",
+    "epochs": "PPO epochs per step.",
+    "ranks": "gloo ranks.",
+}
 
 BENCHES: tuple[Bench, ...] = (
     Bench(

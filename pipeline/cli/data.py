@@ -165,17 +165,19 @@ def add_parsers(sub: Any) -> None:
     dsub = data.add_subparsers(dest="action", required=True)
     arith = dsub.add_parser("arith", help="Arithmetic questions in gsm8k format.")
     arith.add_argument("--out", required=True, help=".jsonl or .parquet")
-    arith.add_argument("--n", type=int, default=1000)
-    arith.add_argument("--seed", type=int, default=0)
-    arith.add_argument("--max-operand", type=int, default=20)
+    arith.add_argument("--n", type=int, default=1000, help="Rows to write.")
+    arith.add_argument("--seed", type=int, default=0, help="Random seed (same seed, same rows).")
+    arith.add_argument("--max-operand", type=int, default=20, help="Largest operand of a question.")
     arith.set_defaults(handler=cmd_data_arith)
 
     model = sub.add_parser("model", help="The project's own tiny models.")
     msub = model.add_subparsers(dest="action", required=True)
     minit = msub.add_parser("init", help="Write a randomly initialised Qwen2 model + tokenizer.")
-    minit.add_argument("--out", required=True)
-    minit.add_argument("--preset", choices=["tiny", "small"], default="tiny")
-    minit.add_argument("--seed", type=int, default=0)
+    minit.add_argument("--out", required=True, help="Directory to write the model into.")
+    minit.add_argument(
+        "--preset", choices=["tiny", "small"], default="tiny", help="Model size (default: tiny)."
+    )
+    minit.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
     minit.add_argument(
         "--reward-model", action="store_true", help="A sequence-classification head."
     )

@@ -114,14 +114,18 @@ def cmd_topics(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+PORT_HELP = "The local broker's port (default: local_kafka.port)."
+DATA_DIR_HELP = "The broker's data directory (default: local_kafka.data_dir, one per port)."
+
+
 def add_parsers(sub: Any) -> None:
     kafka = sub.add_parser("kafka", help="Local Apache Kafka broker (KRaft, no Docker).")
     ksub = kafka.add_subparsers(dest="action", required=True)
     up = ksub.add_parser(
         "up", help="Start (or reuse) the local broker; prints the bootstrap address."
     )
-    up.add_argument("--port", type=port)
-    up.add_argument("--data-dir")
+    up.add_argument("--port", type=port, help=PORT_HELP)
+    up.add_argument("--data-dir", help=DATA_DIR_HELP)
     up.add_argument(
         "--secure", action="store_true", help="SASL_SSL (SCRAM-SHA-512 over TLS) with ACLs."
     )
@@ -132,9 +136,9 @@ def add_parsers(sub: Any) -> None:
     creds = ksub.add_parser(
         "creds", help="Secure broker: a user's `kafka:` config (creating the user if new)."
     )
-    creds.add_argument("--port", type=port)
-    creds.add_argument("--data-dir")
-    creds.add_argument("--user", default="admin")
+    creds.add_argument("--port", type=port, help=PORT_HELP)
+    creds.add_argument("--data-dir", help=DATA_DIR_HELP)
+    creds.add_argument("--user", default="admin", help="The SCRAM user (default: admin).")
     creds.add_argument(
         "--password",
         action="store_true",
@@ -142,9 +146,9 @@ def add_parsers(sub: Any) -> None:
     )
     creds.set_defaults(handler=cmd_kafka_creds)
     grant = ksub.add_parser("grant", help="Secure broker: allow a user topics and a group.")
-    grant.add_argument("--port", type=port)
-    grant.add_argument("--data-dir")
-    grant.add_argument("--user", required=True)
+    grant.add_argument("--port", type=port, help=PORT_HELP)
+    grant.add_argument("--data-dir", help=DATA_DIR_HELP)
+    grant.add_argument("--user", required=True, help="The SCRAM user to grant to.")
     grant.add_argument(
         "--topic", action="append", help="Topic name or role (prompts, replay, …); repeat."
     )
@@ -158,11 +162,11 @@ def add_parsers(sub: Any) -> None:
     grant.add_argument("--prefixed", action="store_true", help="Names are prefixes.")
     grant.set_defaults(handler=cmd_kafka_grant)
     down = ksub.add_parser("down", help="Stop the broker started by `up`.")
-    down.add_argument("--port", type=port)
+    down.add_argument("--port", type=port, help=PORT_HELP)
     down.add_argument("--purge", action="store_true", help="Delete its data directory too.")
     down.set_defaults(handler=cmd_kafka_down)
     status = ksub.add_parser("status", help="Is the local broker answering?")
-    status.add_argument("--port", type=port)
+    status.add_argument("--port", type=port, help=PORT_HELP)
     status.set_defaults(handler=cmd_kafka_status)
 
     topics = sub.add_parser("topics", help="Create, describe or delete the pipeline's topics.")

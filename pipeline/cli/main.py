@@ -38,24 +38,74 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollout", description="Streaming rollout pipeline for async off-policy RL on Kafka."
     )
-    parser.add_argument("--config", help="YAML config file (else $ROLLOUT_CONFIG).")
-    parser.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="Override a config field, e.g. topics.prefix=exp1.",
-    )
-    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (kafka.bootstrap_servers).")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
+    _add_global_flags(parser, late=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for area in AREAS:
         area.add_parsers(sub)
+    for command in _commands(parser):
+        _add_global_flags(command, late=True)
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, *, late: bool) -> None:
+    """The flags every command takes, before its name (`rollout --set k=v produce`) or after
+    it (`rollout produce --set k=v`). After it they land in `late_*` and are merged by
+    `_merge_late`: a later `--config`/`--bootstrap` wins, `--set` and `-v` add up."""
+    dest = "late_" if late else ""
+    default = argparse.SUPPRESS if late else None
+    parser.add_argument(
+        "--config",
+        dest=f"{dest}config",
+        default=default,
+        help="YAML config file (else $ROLLOUT_CONFIG).",
+    )
+    parser.add_argument(
+        "--set",
+        dest=f"{dest}set",
+        default=default,
+        action="append",
+        metavar="KEY=VALUE",
+        help="Override a config field, e.g. topics.prefix=exp1 (repeat).",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        dest=f"{dest}bootstrap",
+        default=default,
+        metavar="HOST:PORT[,…]",
+        help="Kafka bootstrap servers (kafka.bootstrap_servers).",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest=f"{dest}verbose",
+        action="count",
+        default=argparse.SUPPRESS if late else 0,
+        help="More log output (-vv: debug).",
+    )
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser that runs a command (the leaves of the subcommand tree)."""
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not actions:
+        return [parser]
+    children = {id(p): p for a in actions for p in a.choices.values()}.values()
+    return [leaf for child in children for leaf in _commands(child)]
+
+
+def _merge_late(args: argparse.Namespace) -> argparse.Namespace:
+    for name in ("config", "bootstrap"):
+        late = getattr(args, f"late_{name}", None)
+        if late is not None:
+            setattr(args, name, late)
+    args.set = [*(args.set or []), *getattr(args, "late_set", [])] or None
+    args.verbose += getattr(args, "late_verbose", 0)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _merge_late(parser.parse_args(argv))
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

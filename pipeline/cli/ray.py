@@ -66,10 +66,14 @@ def add_parsers(sub: Any) -> None:
     ray_up.add_argument("--run", default="default", help="Run name: actors are RUN/<stage>.")
     ray_up.add_argument("--model", help="Model directory (default: trainer.model_dir).")
     ray_up.add_argument("--run-dir", help="Config and logs; shared storage on several nodes.")
-    ray_up.add_argument("--replicas", type=int, default=2)
+    ray_up.add_argument("--replicas", type=int, default=2, help="Inference replicas.")
     ray_up.add_argument("--replica-threads", type=int, default=1, help="torch threads (hf).")
-    ray_up.add_argument("--agent-loop-workers", type=int, default=1)
-    ray_up.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    ray_up.add_argument(
+        "--agent-loop-workers", type=int, default=1, help="Agent-loop worker processes."
+    )
+    ray_up.add_argument(
+        "--backend", choices=["hf", "vllm"], default="hf", help="Replica engine (default: hf)."
+    )
     for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
         ray_up.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
     ray_up.add_argument("--steps", type=int, help="Trainer steps (trainer.max_steps).")
@@ -77,7 +81,14 @@ def add_parsers(sub: Any) -> None:
     ray_up.add_argument("--timeout", type=float, help="With --wait: give up after seconds.")
     ray_up.set_defaults(handler=cmd_up)
     ray_down = sub.add_parser("down", help="Stop the pipeline's Ray actors and their processes.")
-    ray_down.add_argument("--ray", nargs="?", const="", default="", metavar="ADDRESS")
+    ray_down.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default="",
+        metavar="ADDRESS",
+        help="Ray cluster the run is on (default: the local one).",
+    )
     ray_down.add_argument("--run", help="Only this run (default: every run).")
     ray_down.add_argument("--grace", type=float, default=20.0, help="Seconds before SIGKILL.")
     ray_down.set_defaults(handler=cmd_down)

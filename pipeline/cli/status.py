@@ -36,5 +36,5 @@ def add_parsers(sub: Any) -> None:
     overview.add_argument(
         "--interval", type=float, default=2.0, help="Seconds between rate samples."
     )
-    overview.add_argument("--json", action="store_true")
+    overview.add_argument("--json", action="store_true", help="Print one JSON object.")
     overview.set_defaults(handler=cmd_status)
