@@ -15,9 +15,11 @@ Invariants the models enforce:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from schemas.arrays import FloatArray, IntArray, MaskArray, arrays_equal
@@ -110,6 +112,9 @@ class ExtraFields(BaseModel):
         return self
 
 
+_NOT_CONTENT = {"kind", "schema_version", "created_at", "uid"}
+
+
 class PromptEvent(EventBase):
     """A prompt to roll out `n` times (topic `rl.prompts`, key `uid`)."""
 
@@ -122,6 +127,18 @@ class PromptEvent(EventBase):
     ability: str | None = None
     agent_name: str | None = Field(default=None, description="Agent loop to run; else default.")
     n: int | None = Field(default=None, ge=1, le=1024, description="Samples; else configured n.")
+
+    def content_digest(self) -> str:
+        """16 hex digits of BLAKE2b over what the prompt asks (everything but its uid and
+        stamps): equal for a re-delivery of the same prompt, different for another prompt
+        produced under the same uid, which the downstream stages then dead-letter as
+        `duplicate_uid` instead of silently merging or dropping it."""
+        content = self.model_dump(
+            mode="json", exclude={"kind", "schema_version", "created_at", "uid"}
+        )
+        return hashlib.blake2b(
+            orjson.dumps(content, option=orjson.OPT_SORT_KEYS), digest_size=8
+        ).hexdigest()
 
 
 class TurnEvent(EventBase):
@@ -152,6 +169,9 @@ class TurnEvent(EventBase):
     extra_info: dict[str, Any] | None = None
     agent_name: str | None = None
     group_size: int | None = Field(default=None, ge=1, description="Samples of this prompt (n).")
+    prompt_digest: str | None = Field(
+        default=None, description="`PromptEvent.content_digest()` of the prompt (turn 0 only)."
+    )
     # Tool turns: what the tools returned besides tokens.
     tool_reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
@@ -196,6 +216,9 @@ class ScoredTrajectory(EventBase):
     tool_rewards: list[float] = Field(default_factory=list)
     turn_scores: list[float] = Field(default_factory=list)
     group_size: int | None = Field(default=None, ge=1, description="Samples of this prompt (n).")
+    prompt_digest: str | None = Field(
+        default=None, description="`PromptEvent.content_digest()` of the prompt it answers."
+    )
     finish_reason: str | None = Field(
         default=None,
         description="Why the last model turn ended (stop, length, …); `length` is a response "

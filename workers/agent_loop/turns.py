@@ -33,6 +33,7 @@ class TurnEmitter:
         self.sample_index = sample_index
         self.attempt_id = attempt_id
         self.trajectory_id = trajectory_id(prompt.uid, sample_index)
+        self.prompt_digest = prompt.content_digest()
         self._held: TurnRecord | None = None
         self._index = 0
         self._acks: list[asyncio.Future[Any]] = []
@@ -74,6 +75,7 @@ class TurnEmitter:
             extra_info=prompt.extra_info if first else None,
             agent_name=prompt.agent_name if first else None,
             group_size=self.group_size if first else None,
+            prompt_digest=self.prompt_digest if first else None,
             final=output is not None,
             num_turns=output.num_turns if output is not None else None,
             response_length=len(output.response_ids) if output is not None else None,

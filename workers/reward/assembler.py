@@ -15,7 +15,10 @@ Rules (one attempt per trajectory, the first attempt to complete wins):
 - a non-initial turn of an attempt not held is dropped as stale (an attempt's turn 0 always
   precedes its other turns in the trajectory's partition);
 - once a trajectory is complete (or DONE) every further turn is dropped; a final one counts
-  as a duplicate completion.
+  as a duplicate completion;
+- turn 0 of a *different prompt* (its `prompt_digest` differs from the one the state holds:
+  another prompt produced under the same uid) changes nothing and is `duplicate_uid`, which
+  the stage dead-letters with that cause, whatever the state (DONE keeps the digest for it).
 - a trajectory is complete when its final turn (`final=True`, index k) and every turn
   0..k of the held attempt are present, whatever order they arrived in.
 
@@ -55,6 +58,7 @@ Outcome = Literal[
     "stale_attempt",
     "after_done",
     "duplicate_completion",
+    "duplicate_uid",
 ]
 
 _MAGIC = b"RT1"
@@ -75,6 +79,7 @@ class TrajectoryState:
     outcome: str | None = None  # DONE: "scored" | "failure_scored" | "dead_lettered"
     done_at: float | None = None  # DONE: unix time it was finished (for its retention)
     updated_at: float | None = None  # ASSEMBLING: unix time of its last new turn (abandonment)
+    digest: str | None = None  # the prompt's `content_digest`, from turn 0 (kept when DONE)
 
     @property
     def complete(self) -> bool:
@@ -92,6 +97,7 @@ class TrajectoryState:
                 "out": self.outcome,
                 "t": self.done_at,
                 "u": self.updated_at,
+                "d": self.digest,
                 "idx": order,
                 "len": [len(self.turns[i]) for i in order],
             }
@@ -122,10 +128,12 @@ class TrajectoryState:
             outcome=head.get("out"),
             done_at=head.get("t"),
             updated_at=head.get("u"),
+            digest=head.get("d"),
         )
 
     def mark_done(self, outcome: str, at: float | None = None) -> None:
-        """DONE keeps only the attempt id, the outcome and when (`at`, unix time)."""
+        """DONE keeps only the attempt id, the prompt's digest, the outcome and when (`at`,
+        unix time)."""
         self.status = "done"
         self.outcome = outcome
         self.done_at = at
@@ -137,7 +145,9 @@ def apply_turn(
 ) -> tuple[TrajectoryState, Outcome]:
     """Fold one turn into the trajectory's state; the (possibly new) state and what happened."""
     if state is None:
-        state = TrajectoryState(attempt_id=turn.attempt_id)
+        state = TrajectoryState(attempt_id=turn.attempt_id, digest=turn.prompt_digest)
+    elif turn.turn_index == 0 and _other_prompt(state.digest, turn.prompt_digest):
+        return state, "duplicate_uid"
     if state.status != "assembling" or state.complete:
         # Scored, or complete and being scored: nothing changes the trajectory any more.
         return state, ("duplicate_completion" if turn.final else "after_done")
@@ -145,7 +155,8 @@ def apply_turn(
         if turn.attempt_id in state.superseded or turn.turn_index != 0:
             return state, "stale_attempt"
         superseded = [*state.superseded, state.attempt_id][-_MAX_SUPERSEDED:]
-        state = TrajectoryState(attempt_id=turn.attempt_id, superseded=superseded)
+        digest = state.digest or turn.prompt_digest
+        state = TrajectoryState(attempt_id=turn.attempt_id, superseded=superseded, digest=digest)
         _add(state, turn, raw)
         return state, ("complete" if state.complete else "replaced_attempt")
     if turn.turn_index in state.turns:
@@ -154,8 +165,15 @@ def apply_turn(
     return state, ("complete" if state.complete else "added")
 
 
+def _other_prompt(held: str | None, given: str | None) -> bool:
+    """Turn 0 of another prompt under this trajectory's uid (unknowable without both)."""
+    return held is not None and given is not None and held != given
+
+
 def _add(state: TrajectoryState, turn: TurnEvent, raw: bytes) -> None:
     state.turns[turn.turn_index] = raw
+    if turn.turn_index == 0 and state.digest is None:
+        state.digest = turn.prompt_digest  # a later turn arrived first
     if turn.final:
         state.final_index = turn.turn_index
 
@@ -226,6 +244,7 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
             if isinstance(t.metrics.get("turn_score"), _NUMBER)
         ],
         "group_size": first.group_size,
+        "prompt_digest": first.prompt_digest,
         "finish_reason": next((t.stop_reason for t in reversed(turns) if t.loss_mask), None),
         "extra_fields": extra_fields,
     }

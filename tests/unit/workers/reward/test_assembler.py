@@ -152,3 +152,47 @@ def test_an_emitting_state_of_an_older_stage_is_read_as_assembling() -> None:
     assert old.status == "assembling" and set(old.turns) == {0, 1}
     _, outcomes = feed(old, turn(0), turn(1), turn(2))
     assert outcomes == ["duplicate_turn", "duplicate_turn", "complete"]
+
+
+# --- another prompt under the same uid --------------------------------------------------
+
+
+def test_turn_0_of_another_prompt_is_a_duplicate_uid_while_assembling_and_when_done() -> None:
+    state, outcomes = feed(None, turn(0, prompt_digest="aaaa"), turn(1, prompt_digest=None))
+    assert outcomes == ["added", "added"]
+    other = turn(0, attempt="b", prompt_digest="bbbb")
+    state, outcome = apply_turn(state, other, encode(other))
+    assert outcome == "duplicate_uid" and state.attempt_id == "a"  # nothing changed
+    state, outcomes = feed(state, turn(2))
+    assert outcomes == ["complete"]
+    state.mark_done("scored", 1.0)
+    done = TrajectoryState.from_bytes(state.to_bytes())
+    assert done.digest == "aaaa"  # DONE keeps it, so a late other prompt is still recognised
+    assert apply_turn(done, other, encode(other))[1] == "duplicate_uid"
+    same = turn(0, attempt="c", prompt_digest="aaaa")
+    assert apply_turn(done, same, encode(same))[1] == "after_done"  # a re-delivery, as before
+
+
+def test_the_same_prompt_restarted_replaces_the_attempt_and_keeps_the_digest() -> None:
+    state, _ = feed(None, turn(0, prompt_digest="aaaa"))
+    state, outcomes = feed(state, turn(0, attempt="b", prompt_digest="aaaa"))
+    assert outcomes == ["replaced_attempt"] and state.digest == "aaaa"
+
+
+def test_the_digest_is_learnt_from_turn_0_when_a_later_turn_came_first() -> None:
+    state, _ = feed(None, turn(1), turn(0, prompt_digest="aaaa"))
+    assert state.digest == "aaaa"
+    other = turn(0, attempt="b", prompt_digest="bbbb")
+    assert apply_turn(state, other, encode(other))[1] == "duplicate_uid"
+
+
+def test_prompt_digests_tell_prompts_apart_but_not_redeliveries() -> None:
+    from schemas.events import ChatMessage, PromptEvent
+
+    a = PromptEvent(
+        uid="train-0", prompt=[ChatMessage(role="user", content="1+1?")], data_source="d"
+    )
+    again = PromptEvent.model_validate({**a.model_dump(), "created_at": 5.0})
+    other = a.model_copy(update={"prompt": [ChatMessage(role="user", content="2+2?")]})
+    assert a.content_digest() == again.content_digest() != other.content_digest()
+    assert a.model_copy(update={"uid": "x"}).content_digest() == a.content_digest()
