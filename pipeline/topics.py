@@ -2,7 +2,9 @@
 
 Creation is idempotent (an existing topic is left as it is and reported), and each topic gets
 its partitions, cleanup policy (compacted for `rl.policy` and `rl.replicas`), retention,
-`min.insync.replicas` and a `max.message.bytes` large enough for long trajectories.
+`min.insync.replicas` and a `max.message.bytes` large enough for long trajectories. This
+module only lays the topics out (`topic_layouts`); `workers.kafka.admin.ensure_topics`, the
+one place that creates topics, creates them.
 
 A command that needs topics asks `require_topics` first: a missing one is created with the
 rest of the run's topics where `topics.create_missing` allows it, else `MissingTopicsError`
@@ -12,14 +14,13 @@ come (kafka-python would retry its metadata for a minute, then time out).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
-from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import UnknownTopicOrPartitionError
 
-from workers.kafka.admin import missing_topics
+from workers.kafka.admin import TopicLayout, ensure_topics, missing_topics
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import MissingTopicsError
@@ -31,9 +32,8 @@ __all__ = [
     "describe_topics",
     "require_topics",
     "topic_configs",
+    "topic_layouts",
 ]
-
-log = logging.getLogger("rollout.topics")
 
 
 def topic_configs(topics: TopicsConfig, role: str) -> dict[str, str]:
@@ -46,40 +46,24 @@ def topic_configs(topics: TopicsConfig, role: str) -> dict[str, str]:
     }
 
 
+def topic_layouts(topics: TopicsConfig, roles: Sequence[str] | None = None) -> list[TopicLayout]:
+    """How each topic of `roles` (all by default) is created."""
+    return [
+        TopicLayout(
+            topics.name(role),
+            topics.spec(role).partitions,
+            topics.replication_factor,
+            topic_configs(topics, role),
+        )
+        for role in roles or topics.ROLES
+    ]
+
+
 def create_topics(
     kafka: KafkaConfig, topics: TopicsConfig, roles: list[str] | None = None
 ) -> dict[str, str]:
     """Create the topics of `roles` (all by default); return name → 'created' | 'exists'."""
-    roles = roles or list(topics.ROLES)
-    admin = make_admin(kafka)
-    try:
-        existing = set(admin.list_topics())
-        outcome: dict[str, str] = {}
-        new = []
-        for role in roles:
-            name = topics.name(role)
-            if name in existing:
-                outcome[name] = "exists"
-                continue
-            new.append(
-                NewTopic(
-                    name,
-                    num_partitions=topics.spec(role).partitions,
-                    replication_factor=topics.replication_factor,
-                    topic_configs=topic_configs(topics, role),
-                )
-            )
-        if new:
-            try:
-                admin.create_topics(new, wait_for_metadata=True)
-            except TopicAlreadyExistsError:
-                pass  # raced with another creator: fine, the topic exists
-            for topic in new:
-                outcome[topic.name] = "created"
-                log.info("created topic %s", topic.name)
-        return outcome
-    finally:
-        admin.close()
+    return dict(ensure_topics(kafka, topic_layouts(topics, roles)))
 
 
 def require_topics(

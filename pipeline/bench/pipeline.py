@@ -114,13 +114,12 @@ def _one(
 
 def _raw_rate(kafka: KafkaConfig, size: int, count: int) -> float:
     """kafka-python: produce `count` messages of `size` bytes and consume them; messages/s."""
-    from kafka.admin import NewTopic
-
+    from workers.kafka.admin import TopicLayout, ensure_topics
     from workers.kafka.clients import make_admin, make_consumer, make_producer
 
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka, [TopicLayout(topic, 4)])
     admin = make_admin(kafka)
-    admin.create_topics([NewTopic(topic, 4, 1)])
     try:
         consumer = make_consumer(kafka, topic, group_id=None, name="bench-raw")
         consumer.poll(timeout_ms=1000)  # join: assignment before the clock starts

@@ -166,19 +166,12 @@ async def _copy_aiokafka(
     """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to
     `dst`; with `decode_each`, each is first decoded through the codec (validated), and its
     bytes are passed on."""
-    from aiokafka import AIOKafkaConsumer
-
     from schemas.codec import decode
-    from workers.kafka.aio import make_aio_producer
+    from workers.kafka.clients import make_aio_consumer, make_aio_producer
 
-    consumer = AIOKafkaConsumer(
-        src,
-        **kafka.aiokafka_kwargs(),
-        group_id=None,
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=kafka.max_request_size,
-    )
-    producer = make_aio_producer(kafka, client_id=f"{kafka.client_id}-bench-copy")
+    client_id = f"{kafka.client_id}-bench-copy"
+    consumer = make_aio_consumer(kafka, src, group_id=None, client_id=client_id)
+    producer = make_aio_producer(kafka, client_id=client_id)
     await consumer.start()
     await producer.start()
     copied = 0
@@ -356,18 +349,16 @@ def _prepare(
     kafka: KafkaConfig, topic_sets: list[TopicsConfig], copies: list[str], events: list[TurnEvent]
 ) -> Any:
     """Create every topic and write the turns to each set's turns topic; the admin client."""
-    from kafka.admin import NewTopic
-
     from pipeline.topics import create_topics
+    from workers.kafka.admin import TopicLayout, ensure_topics
     from workers.kafka.clients import make_admin, make_producer
 
     for topic_set in topic_sets:
         create_topics(kafka, topic_set)
     first = topic_sets[0]
+    layout = (first.scored.partitions, first.replication_factor)
+    ensure_topics(kafka, [TopicLayout(c, *layout) for c in copies])
     admin = make_admin(kafka)
-    admin.create_topics(
-        [NewTopic(c, first.scored.partitions, first.replication_factor) for c in copies]
-    )
     producer = make_producer(kafka, name="bench")
     values = [(e.trajectory_id, encode(e), headers_for(e)) for e in events]
     for topic_set in topic_sets:

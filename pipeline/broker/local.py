@@ -28,10 +28,11 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pipeline.broker.state import INFRA, BrokerState, cache_home, rollout_home
+from workers.kafka.config import KafkaConfig
 from workers.kafka.exceptions import KafkaUnavailableError
+from workers.ports import free_port
 
 __all__ = [
     "BrokerState",
@@ -94,29 +95,19 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _metadata_ok(bootstrap: str, timeout_s: float = 2.0, **security: Any) -> bool:
-    """True when a broker at `bootstrap` answers a metadata request.
-
-    `security` are kafka-python connection settings (SASL/SSL) for a secure broker.
-    """
-    from kafka import KafkaAdminClient
+def _metadata_ok(probe: KafkaConfig, timeout_s: float = 2.0) -> bool:
+    """True when a broker at `probe`'s address answers a metadata request within `timeout_s`
+    (`probe` carries the admin's SASL/SSL settings for a secure broker)."""
     from kafka.errors import KafkaError
 
+    from workers.kafka.clients import make_admin
+
+    timeout_ms = int(timeout_s * 1000)
     try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            request_timeout_ms=int(timeout_s * 1000),
-            bootstrap_timeout_ms=int(timeout_s * 1000),
-            client_id="rollout-probe",
-            **security,
+        admin = make_admin(
+            probe, name="probe", request_timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms
         )
-    except (KafkaError, OSError, ValueError):
+    except (KafkaUnavailableError, KafkaError, OSError, ValueError):
         return False
     try:
         admin.describe_cluster()
@@ -187,7 +178,7 @@ def start_broker(
     started = time.monotonic()
     bootstrap = f"localhost:{port}"
     state = BrokerState.load(port)
-    if state is not None and _is_our_broker(state) and _metadata_ok(bootstrap, **_probe(state)):
+    if state is not None and _is_our_broker(state) and _metadata_ok(_probe(bootstrap, state)):
         if state.secure != secure:
             raise KafkaUnavailableError(
                 f"a {'secure' if state.secure else 'plain'} broker already runs on port {port}"
@@ -199,7 +190,7 @@ def start_broker(
     if port_open(host, port):
         if secure:
             raise KafkaUnavailableError(f"port {port} is taken by a process `up` did not start")
-        if _metadata_ok(bootstrap):
+        if _metadata_ok(KafkaConfig(bootstrap_servers=bootstrap)):
             return BrokerState(-1, port, -1, "", bootstrap, time.time(), reused=True)
         raise KafkaUnavailableError(f"port {port} is taken by something that is not Kafka")
 
@@ -210,7 +201,7 @@ def start_broker(
     # KRaft keeps the controller's endpoint in its log: a restarted node keeps its port.
     saved = data / "controller.port"
     formatted = (data / "logs" / "meta.properties").exists()
-    controller_port = int(saved.read_text()) if formatted and saved.exists() else _free_port()
+    controller_port = int(saved.read_text()) if formatted and saved.exists() else free_port()
     props = data / "server.properties"
     if formatted and secure != (data / "credentials.json").exists():
         kind = "plain" if secure else "secure"
@@ -238,7 +229,7 @@ def start_broker(
                 log_dir=data / "logs",
             )
         )
-    probe = _security_kwargs(setup.admin_config(bootstrap).client_kwargs()) if setup else {}
+    probe = setup.admin_config(bootstrap) if setup else KafkaConfig(bootstrap_servers=bootstrap)
     if not formatted:
         fmt_args = [
             "kafka.tools.StorageTool",
@@ -277,7 +268,7 @@ def start_broker(
             if proc.poll() is not None:
                 tail = (data / "server.log").read_text(errors="replace")[-3000:]
                 raise KafkaUnavailableError(f"the broker exited with {proc.returncode}:\n{tail}")
-            if port_open(host, port) and _metadata_ok(bootstrap, **probe):
+            if port_open(host, port) and _metadata_ok(probe):
                 state = BrokerState(
                     proc.pid,
                     port,
@@ -309,23 +300,17 @@ def start_broker(
     )
 
 
-def _probe(state: BrokerState) -> dict[str, Any]:
-    """Connection settings of the readiness probe: the admin's for a secure broker."""
-    if not state.secure:
-        return {}
+def _probe(bootstrap: str, state: BrokerState | None) -> KafkaConfig:
+    """How the readiness probe connects to `bootstrap`: as the admin for a secure broker."""
+    plain = KafkaConfig(bootstrap_servers=bootstrap)
+    if state is None or not state.secure:
+        return plain
     from pipeline.broker.secure import SecureBrokerError, client_config
 
     try:
-        return _security_kwargs(
-            client_config(state.bootstrap, state.data_dir, "admin").client_kwargs()
-        )
+        return client_config(bootstrap, state.data_dir, "admin")
     except SecureBrokerError:
-        return {}  # credentials gone (purged data dir): the probe then fails, as it should
-
-
-def _security_kwargs(client_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The SASL/SSL part of kafka-python settings (the probe sets its own address, timeouts)."""
-    return {k: v for k, v in client_kwargs.items() if k.startswith(("sasl_", "ssl_", "security_"))}
+        return plain  # credentials gone (purged data dir): the probe then fails, as it should
 
 
 def _secure_users(data_dir: str, bootstrap: str, users: Sequence[str]) -> None:
@@ -382,8 +367,7 @@ def broker_status(port: int = 9092) -> dict[str, object]:
     """What is known about the broker on `port`."""
     state = BrokerState.load(port)
     bootstrap = f"localhost:{port}"
-    security = _probe(state) if state is not None else {}
-    answering = port_open("127.0.0.1", port) and _metadata_ok(bootstrap, **security)
+    answering = port_open("127.0.0.1", port) and _metadata_ok(_probe(bootstrap, state))
     return {
         "bootstrap": bootstrap,
         "answering": answering,

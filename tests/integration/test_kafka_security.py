@@ -35,7 +35,13 @@ from pipeline.broker.local import broker_status, start_broker, stop_broker
 from pipeline.config import load_config
 from pipeline.topics import create_topics
 from tests.conftest import free_port, run_cli
-from workers.kafka.clients import make_admin, make_consumer, make_producer
+from workers.kafka.clients import (
+    make_admin,
+    make_aio_consumer,
+    make_aio_producer,
+    make_consumer,
+    make_producer,
+)
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import KafkaUnavailableError
 
@@ -256,17 +262,13 @@ def test_every_stage_connects_from_config_alone(
 async def _aiokafka_and_table(
     kafka: KafkaConfig, topic: str
 ) -> tuple[list[bytes], dict[bytes, bytes]]:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), acks="all")
+    producer = make_aio_producer(kafka, client_id="carol-aio")
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"from-aiokafka", key=b"k")
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(
-        topic, **kafka.aiokafka_kwargs(), group_id="carol-aio", auto_offset_reset="earliest"
-    )
+    consumer = make_aio_consumer(kafka, topic, group_id="carol-aio", client_id="carol-aio")
     await consumer.start()
     try:
         batches = await consumer.getmany(timeout_ms=10_000)
@@ -280,11 +282,9 @@ async def _aiokafka_and_table(
 
 async def _table_reads(kafka: KafkaConfig, topic: str) -> dict[bytes, bytes]:
     """What the stages' `ChangelogTable` restores from `topic` (every partition)."""
-    from aiokafka import AIOKafkaProducer
-
     from workers.kafka.changelog import ChangelogTable
 
-    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs())
+    producer = make_aio_producer(kafka, client_id="carol-table")
     await producer.start()
     try:
         partitions = await producer.partitions_for(topic)

@@ -8,6 +8,11 @@ client, the one exception); and no two files import each other, directly or roun
 
 Every `import` counts, those inside functions too: a lazy import hides a loop from the
 interpreter, not from the design.
+
+Every Kafka client of both libraries (kafka-python's producer, consumer and admin client,
+aiokafka's) is constructed in `workers.kafka.clients` only, and topics are created by
+`workers.kafka.admin` only: no other module calls a client class or `NewTopic`, binds it to
+another name or passes it on; naming a client class in an annotation is fine.
 """
 
 from __future__ import annotations
@@ -189,3 +194,107 @@ def test_header_names_are_spelled_only_in_schemas(package: str) -> None:
         if text in HEADER_NAMES or text.startswith(PREFIXES)
     ]
     assert not bad, "import the name from schemas.headers instead:\n" + "\n".join(bad)
+
+
+# --- Kafka clients are made in one place --------------------------------------------------
+
+CLIENT_FACTORY = "workers.kafka.clients"
+CLIENT_LIBRARIES = ("kafka", "aiokafka")
+CLIENT_CLASSES = frozenset(
+    {
+        "KafkaProducer",
+        "KafkaConsumer",
+        "KafkaAdminClient",
+        "AIOKafkaProducer",
+        "AIOKafkaConsumer",
+        "AIOKafkaAdminClient",
+    }
+)
+TOPIC_CREATOR = "workers.kafka.admin"
+
+
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """Ids of every node inside an annotation (a client class may be named there)."""
+    roots: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            args = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            roots += [arg.annotation for arg in args if arg is not None]
+            roots.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(n) for root in roots if root is not None for n in ast.walk(root)}
+
+
+def _library_names(source: str, names: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of every use of one of `names` from the client libraries outside an
+    annotation: a call, or the class passed on or bound to another name (construction by
+    other means). `from kafka import KafkaProducer as P` then `P(...)` counts; so does
+    `aiokafka.AIOKafkaConsumer(...)` after `import aiokafka`."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name → class name
+    modules: set[str] = set()  # local names bound to a client library (or a module of one)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _top(node.module or "") in CLIENT_LIBRARIES:
+            aliases |= {(a.asname or a.name): a.name for a in node.names if a.name in names}
+        elif isinstance(node, ast.Import):
+            modules |= {
+                a.asname or a.name.split(".")[0]
+                for a in node.names
+                if _top(a.name) in CLIENT_LIBRARIES
+            }
+    skip = _annotation_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in aliases:
+            found.append((node.lineno, aliases[node.id]))
+        elif isinstance(node, ast.Attribute) and node.attr in names:
+            root: ast.expr = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                found.append((node.lineno, node.attr))
+    return found
+
+
+def test_the_use_detector_sees_calls_aliases_and_module_attributes() -> None:
+    source = (
+        "import aiokafka\n"
+        "from kafka import KafkaProducer as P\n"
+        "from aiokafka.admin import AIOKafkaAdminClient\n"
+        "from kafka import KafkaConsumer\n"
+        "def f(c: KafkaConsumer) -> KafkaConsumer:\n"
+        "    x: AIOKafkaAdminClient | None = None\n"
+        "    return P(bootstrap_servers='b:1')\n"
+        "g = aiokafka.AIOKafkaConsumer\n"
+        "h = AIOKafkaAdminClient()\n"
+    )
+    assert sorted(_library_names(source, CLIENT_CLASSES)) == [
+        (7, "KafkaProducer"),
+        (8, "AIOKafkaConsumer"),
+        (9, "AIOKafkaAdminClient"),
+    ]
+
+
+def _uses_outside(owner: str, names: frozenset[str]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for module, path in MODULES.items()
+        if module != owner
+        for line, name in _library_names(path.read_text(), names)
+    ]
+
+
+def test_kafka_clients_are_constructed_only_by_the_factory() -> None:
+    bad = _uses_outside(CLIENT_FACTORY, CLIENT_CLASSES)
+    assert not bad, f"make Kafka clients through {CLIENT_FACTORY}:\n" + "\n".join(sorted(bad))
+
+
+def test_topics_are_created_only_by_the_admin_module() -> None:
+    bad = _uses_outside(TOPIC_CREATOR, frozenset({"NewTopic"}))
+    assert not bad, f"create topics through {TOPIC_CREATOR}.ensure_topics:\n" + "\n".join(
+        sorted(bad)
+    )

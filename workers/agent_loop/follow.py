@@ -15,7 +15,8 @@
   the replica id); the router adds and drops them.
 
 Each follower runs until cancelled, with its own consumer (`workers.kafka.follow`: no group,
-nothing committed, an undecodable record on the policy or replicas topic logged and skipped).
+nothing committed, an undecodable record on the policy or replicas topic logged and skipped);
+the admin client comes from `workers.kafka.clients`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from schemas.headers import DLQ_PREFIX
 from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
 from workers.agent_loop.offsets import OffsetTracker
+from workers.kafka.clients import make_aio_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.follow import follower, tail
+from workers.kafka.follow import events_from_beginning, records_from_beginning
 
 __all__ = [
     "follow_dead_prompts",
@@ -57,7 +59,7 @@ async def follow_policy(
     client_id: str,
 ) -> None:
     """Feed the trainer's progress to the gate and each published version to `on_version`."""
-    async for event in tail(kafka, topics.name("policy"), client_id=client_id):
+    async for event in events_from_beginning(kafka, topics.name("policy"), client_id=client_id):
         if isinstance(event, PolicyVersion):
             gate.observe_trained(event.groups_trained)
             on_version(event.version)
@@ -90,14 +92,9 @@ async def _count_drops(
     counts: Callable[[list[tuple[str, bytes]]], bool],
 ) -> None:
     """Tell the gate of every record of `topic` whose headers `counts`, from the beginning."""
-    consumer = follower(kafka, topic, client_id=client_id)
-    await consumer.start()
-    try:
-        async for record in consumer:
-            if counts(list(record.headers or ())):
-                gate.observe_dropped()
-    finally:
-        await consumer.stop()
+    async for record in records_from_beginning(kafka, topic, client_id=client_id):
+        if counts(list(record.headers or ())):
+            gate.observe_dropped()
 
 
 async def follow_group_progress(
@@ -114,10 +111,8 @@ async def follow_group_progress(
     per partition, the furthest of its committed offset, the started-through offset its
     owner committed as metadata, and this worker's own start when it owns it; and the
     worker's share of the partitions."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     topic = topics.name("prompts")
-    admin = AIOKafkaAdminClient(client_id=client_id, **kafka.aiokafka_kwargs())
+    admin = make_aio_admin(kafka, client_id=client_id)
     await admin.start()
     try:
         while True:
@@ -155,7 +150,8 @@ async def follow_replicas(
     kafka: KafkaConfig, topics: TopicsConfig, router: Any, *, client_id: str
 ) -> None:
     """Add and remove the router's replicas as they register on (and leave) the topic."""
-    async for item in tail(kafka, topics.name("replicas"), client_id=client_id, tombstones=True):
+    replicas = topics.name("replicas")
+    async for item in events_from_beginning(kafka, replicas, client_id=client_id, tombstones=True):
         if isinstance(item, ReplicaInfo):
             router.add_replicas([item])
         elif isinstance(item, bytes):

@@ -1,16 +1,23 @@
-"""What a stage asks the broker before it starts: missing topics, a topic's partition count,
-its changelog topic.
+"""What the pipeline asks the broker about topics, and the one place that creates them.
 
-`ensure_changelog(kafka, topics, name, partitions)` creates a stage's compacted changelog
-topic with as many partitions as its source topic (a key's state lives on the changelog
-partition of its source partition), and refuses one that exists with another count: the
-state in it would no longer line up with the source partitions.
+- `ensure_topics(kafka, layouts)`: creates those of the `TopicLayout`s the cluster lacks;
+  every topic of the pipeline is created through it (`pipeline.topics` for the run's topics,
+  `ensure_changelog` for a stage's changelog, the benchmarks for their scratch topics). An
+  existing topic is left as it is; one another process creates meanwhile counts as created.
+- `missing_topics`, `topic_partitions`: what exists, and with how many partitions.
+- `ensure_changelog(kafka, topics, name, partitions)` creates a stage's compacted changelog
+  topic with as many partitions as its source topic (a key's state lives on the changelog
+  partition of its source partition), and refuses one that exists with another count: the
+  state in it would no longer line up with the source partitions.
+- `prepare_stage`: all of that for a stateful stage before it starts.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -19,9 +26,61 @@ from schemas.errors import RolloutError
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
-__all__ = ["ensure_changelog", "missing_topics", "prepare_stage", "topic_partitions"]
+__all__ = [
+    "TopicLayout",
+    "ensure_changelog",
+    "ensure_topics",
+    "missing_topics",
+    "prepare_stage",
+    "topic_partitions",
+]
 
 log = logging.getLogger("rollout.kafka.admin")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """A topic to create: its partitions, replication factor and topic-level configs."""
+
+    name: str
+    partitions: int
+    replication_factor: int = 1
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def ensure_topics(
+    kafka: KafkaConfig, layouts: Sequence[TopicLayout]
+) -> dict[str, Literal["created", "exists"]]:
+    """Create those of `layouts` the cluster does not have, waiting until their metadata is
+    there; name → 'created' | 'exists' (an existing topic's layout is not compared)."""
+    admin = make_admin(kafka)
+    try:
+        existing = set(admin.list_topics())
+        outcome: dict[str, Literal["created", "exists"]] = {}
+        new = []
+        for layout in layouts:
+            if layout.name in existing:
+                outcome[layout.name] = "exists"
+                continue
+            new.append(
+                NewTopic(
+                    layout.name,
+                    num_partitions=layout.partitions,
+                    replication_factor=layout.replication_factor,
+                    topic_configs=dict(layout.configs),
+                )
+            )
+        if new:
+            try:
+                admin.create_topics(new, wait_for_metadata=True)
+            except TopicAlreadyExistsError:
+                pass  # raced with another creator: fine, the topic exists
+            for topic in new:
+                outcome[topic.name] = "created"
+                log.info("created topic %s (%d partitions)", topic.name, topic.num_partitions)
+        return outcome
+    finally:
+        admin.close()
 
 
 def missing_topics(kafka: KafkaConfig, names: Sequence[str]) -> list[str]:
@@ -53,22 +112,12 @@ def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partit
     """Create the compacted changelog `name` with `partitions` partitions if it is missing."""
     existing = topic_partitions(kafka, name)
     if existing is None:
-        admin = make_admin(kafka)
-        try:
-            configs = {
-                "cleanup.policy": "compact",
-                "max.message.bytes": str(topics.max_message_bytes),
-                "min.insync.replicas": str(topics.min_insync_replicas),
-            }
-            admin.create_topics(
-                [NewTopic(name, partitions, topics.replication_factor, topic_configs=configs)],
-                wait_for_metadata=True,
-            )
-            log.info("created changelog topic %s (%d partitions)", name, partitions)
-        except TopicAlreadyExistsError:
-            pass  # raced with another worker of the stage
-        finally:
-            admin.close()
+        configs = {
+            "cleanup.policy": "compact",
+            "max.message.bytes": str(topics.max_message_bytes),
+            "min.insync.replicas": str(topics.min_insync_replicas),
+        }
+        ensure_topics(kafka, [TopicLayout(name, partitions, topics.replication_factor, configs)])
         existing = topic_partitions(kafka, name)
     if existing != partitions:
         raise RolloutError(

@@ -17,8 +17,9 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
+from workers.kafka.clients import make_aio_consumer
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["ChangelogTable"]
@@ -74,9 +75,8 @@ class ChangelogTable:
         wanted = sorted(set(partitions) - self.partitions)
         if not wanted:
             return 0
-        consumer = AIOKafkaConsumer(
-            **self.kafka.aiokafka_consumer_kwargs(group_id=None),
-            client_id=f"{self.client_id}-restore",
+        consumer = make_aio_consumer(
+            self.kafka, group_id=None, client_id=f"{self.client_id}-restore"
         )
         await consumer.start()
         applied = 0

@@ -1,8 +1,9 @@
 """Kafka client settings and topic names: the one config every stage receives.
 
 `KafkaConfig` holds what any Kafka client needs (bootstrap servers, security protocol, SASL
-and SSL options) and turns it into keyword arguments for kafka-python and aiokafka, so every
-producer, consumer and admin client of every stage connects the same way from config alone.
+and SSL options, timeouts, the largest record); `workers.kafka.clients` makes every producer,
+consumer and admin client of both client libraries from it, so every client of every stage
+connects the same way from config alone.
 Secrets are `SecretStr`: they never appear in reprs, logs or the resolved config on disk.
 `TopicsConfig` names the topics (prefix + name) and how they are created.
 """
@@ -88,67 +89,6 @@ class KafkaConfig(BaseModel):
     @property
     def bootstrap(self) -> str:
         return ",".join(self.bootstrap_servers)
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """Connection settings for any kafka-python client (producer, consumer, admin)."""
-        kwargs: dict[str, Any] = {
-            "bootstrap_servers": list(self.bootstrap_servers),
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-            # Only a client's first connection waits this long; later reconnects (a broker
-            # restart under a running stage) retry without a deadline.
-            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
-        }
-        if self.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = _reveal(self.sasl_password)
-        if self.security_protocol.endswith("SSL"):
-            kwargs["ssl_cafile"] = self.ssl_cafile
-            kwargs["ssl_certfile"] = self.ssl_certfile
-            kwargs["ssl_keyfile"] = self.ssl_keyfile
-            kwargs["ssl_password"] = _reveal(self.ssl_password)
-            kwargs["ssl_check_hostname"] = self.ssl_check_hostname
-        return kwargs
-
-    def aiokafka_kwargs(self) -> dict[str, Any]:
-        """The same settings in aiokafka's names."""
-        kwargs: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap,
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-        }
-        if self.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = _reveal(self.sasl_password)
-        if self.security_protocol.endswith("SSL"):
-            import ssl
-
-            context = ssl.create_default_context(cafile=self.ssl_cafile)
-            context.check_hostname = self.ssl_check_hostname
-            if self.ssl_certfile:
-                context.load_cert_chain(
-                    self.ssl_certfile, self.ssl_keyfile, _reveal(self.ssl_password)
-                )
-            kwargs["ssl_context"] = context
-        return kwargs
-
-    def aiokafka_consumer_kwargs(self, *, group_id: str | None) -> dict[str, Any]:
-        """An aiokafka consumer's settings: never auto-commits, starts at the earliest offset,
-        and fetches records as large as `max_request_size`."""
-        return {
-            **self.aiokafka_kwargs(),
-            "group_id": group_id,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "max_partition_fetch_bytes": self.max_request_size,
-            "fetch_max_bytes": max(self.max_request_size, 52_428_800),
-        }
-
-
-def _reveal(secret: SecretStr | None) -> str | None:
-    return secret.get_secret_value() if secret is not None else None
 
 
 class TopicSpec(BaseModel):

@@ -18,9 +18,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 
+from workers.kafka.clients import make_aio_consumer
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["OutputLedger", "partition_for"]
@@ -38,9 +39,7 @@ class OutputLedger:
 
     def __init__(self, kafka: KafkaConfig, topics: list[str], *, client_id: str) -> None:
         self.topics = topics
-        self._consumer = AIOKafkaConsumer(
-            **kafka.aiokafka_consumer_kwargs(group_id=None), client_id=client_id
-        )
+        self._consumer = make_aio_consumer(kafka, group_id=None, client_id=client_id)
         self.partitions: dict[str, int] = {}
 
     async def start(self, producer: AIOKafkaProducer) -> None:

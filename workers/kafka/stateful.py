@@ -53,11 +53,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from workers.kafka.changelog import ChangelogTable
+from workers.kafka.clients import make_aio_admin, make_aio_consumer
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["EXIT_KAFKA_FAILURE", "StageLoop"]
@@ -100,14 +100,7 @@ class StageLoop:
         self.commit_metadata = commit_metadata
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.commit_interval_s, self.sweep_interval_s = commit_interval_s, sweep_interval_s
-        self._consumer_kwargs = dict(
-            **kafka.aiokafka_consumer_kwargs(group_id=group_id),
-            client_id=f"{kafka.client_id}-{group_id}",
-            session_timeout_ms=int(session_timeout_s * 1000),
-            rebalance_timeout_ms=int(max(session_timeout_s, 60) * 1000),
-            heartbeat_interval_ms=int(max(1.0, session_timeout_s / 10) * 1000),
-            max_poll_interval_ms=600_000,
-        )
+        self.session_timeout_s = session_timeout_s  # the group's other timeouts follow from it
         self.consumer: AIOKafkaConsumer | None = None  # made in `run` (aiokafka wants a loop)
         self.assigned: frozenset[int] = frozenset()
         self._lock = asyncio.Lock()
@@ -149,7 +142,12 @@ class StageLoop:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         _tune_gc()
-        self.consumer = consumer = AIOKafkaConsumer(**self._consumer_kwargs)
+        self.consumer = consumer = make_aio_consumer(
+            self.kafka,
+            group_id=self.group_id,
+            client_id=f"{self.kafka.client_id}-{self.group_id}",
+            session_timeout_s=self.session_timeout_s,
+        )
         consumer.subscribe([self.topic], listener=_Listener(self))
         await consumer.start()
         last_batch = time.monotonic()
@@ -312,10 +310,8 @@ class StageLoop:
 
     async def _fetch_committed(self, partitions: set[int]) -> dict[int, OffsetAndMetadata]:
         """The group's committed offset and metadata of each partition (-1, "" if none)."""
-        admin = AIOKafkaAdminClient(
-            **self.kafka.aiokafka_kwargs(),
-            client_id=f"{self.kafka.client_id}-{self.group_id}-admin",
-        )
+        client_id = f"{self.kafka.client_id}-{self.group_id}-admin"
+        admin = make_aio_admin(self.kafka, client_id=client_id)
         await admin.start()
         try:
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]

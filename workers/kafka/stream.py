@@ -24,7 +24,7 @@ from schemas.codec import decode
 from schemas.errors import DecodeError
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig
-from workers.kafka.dlq import DeadLetterQueue
+from workers.kafka.dlq import KafkaDeadLetters
 
 __all__ = ["EventStream", "Received"]
 
@@ -58,7 +58,7 @@ class EventStream:
             kafka, *topics, group_id=group_id, name=stage, **consumer_overrides
         )
         self._producer = make_producer(kafka, name=f"{stage}-dlq")
-        self.dlq = DeadLetterQueue(self._producer, dlq_topic, stage)
+        self.dlq = KafkaDeadLetters(self._producer, dlq_topic, stage=stage)
         self._next: dict[TopicPartition, int] = {}
 
     @property
@@ -81,7 +81,7 @@ class EventStream:
                             cause="wrong_kind",
                         )
                 except DecodeError as exc:
-                    pending.append(self.dlq.send(record, exc))
+                    pending.append(self.dlq.send_record(record, exc))
                 else:
                     good.append(Received(record, event))
                 self._next[tp] = record.offset + 1

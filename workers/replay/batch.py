@@ -36,7 +36,6 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from schemas.codec import decode_as, encode, headers_for
-from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory
 from schemas.headers import STALENESS
@@ -90,7 +89,7 @@ class GroupProcessor:
         self.config, self.table, self.stats, self.topics = config, table, stats, routes
         self.producer, self.ledger, self.policy = producer, ledger, policy
         self.metrics = metrics or StageMetrics("replay")
-        self.letters = AioDeadLetters(producer, routes.dlq, self.metrics)
+        self.letters = AioDeadLetters(producer, routes.dlq, stage=STAGE, metrics=self.metrics)
         self._open: dict[str, GroupState] = {}  # uid → unfinished group of an owned partition
 
     @property
@@ -237,7 +236,8 @@ class GroupProcessor:
         """
         unreadable: list[GroupState] = []
         version = self.stats.policy_version = self.policy.version
-        rules = self.config.model_dump(include=_JUDGE_SETTINGS)
+        # Read as attributes: `max_staleness` is derived by the run and left out of dumps.
+        rules = {name: getattr(self.config, name) for name in _JUDGE_SETTINGS}
         judged: list[tuple[GroupState, Decision, str, int]] = []
         for state in finish:
             samples = self._samples(state, fresh.get(state.uid, {}))
@@ -290,4 +290,4 @@ class GroupProcessor:
         )
 
     async def _dead_letter(self, message: Any, exc: DecodeError) -> Any:
-        return await self.letters.send(DeadLetter.of_record(STAGE, message, exc, cause=exc.cause))
+        return await self.letters.send_record(message, exc, cause=exc.cause)

@@ -26,8 +26,8 @@ from collections.abc import Awaitable
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from workers.kafka.aio import make_aio_producer
 from workers.kafka.changelog import ChangelogTable
+from workers.kafka.clients import make_aio_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.stateful import StageLoop
 from workers.metrics import StageMetrics

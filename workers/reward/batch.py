@@ -64,7 +64,7 @@ from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
 from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
 from workers.reward.ledger import ScoredLedger
-from workers.reward.letters import abandoned_letter, record_letter, trajectory_letter
+from workers.reward.letters import STAGE, abandoned_letter, record_letter, trajectory_letter
 from workers.reward.overlong import overlong_penalty
 from workers.reward.stats import RewardStats
 
@@ -96,7 +96,7 @@ class TurnProcessor:
         self.producer, self.ledger, self.dispatcher = producer, ledger, dispatcher
         self.stats, self.metrics = stats, metrics
         self.turns_topic, self.scored_topic, self.dlq_topic = topics
-        self.letters = AioDeadLetters(producer, self.dlq_topic, metrics)
+        self.letters = AioDeadLetters(producer, self.dlq_topic, stage=STAGE, metrics=metrics)
         self.recovered: set[str] = set()  # trajectory ids on rl.scored since the recovery point
         # Trajectories with turns seen, not yet finished, oldest last write first: key →
         # (its state's last write, partition). One idle past `abandon_after_s` is abandoned.

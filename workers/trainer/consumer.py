@@ -44,7 +44,7 @@ from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TrainingGroup
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.dlq import DeadLetterQueue
+from workers.kafka.dlq import KafkaDeadLetters
 from workers.kafka.exceptions import KafkaUnavailableError
 from workers.metrics import StageMetrics
 from workers.trainer.batching import TrajectoryBatch, collate, collate_groups, grpo_advantages
@@ -119,7 +119,7 @@ class TrajectoryConsumer:
         self.metrics = metrics  # counts records fetched and dead letters, when given
         self._kafka = kafka
         self._dlq_topic = topics.name("dlq")
-        self._dlq: DeadLetterQueue | None = None
+        self._dlq: KafkaDeadLetters | None = None
         self._producer: KafkaProducer | None = None
         self._buffer: deque[tuple[TopicPartition, int, Item | None]] = deque()
         self._positions: dict[TopicPartition, int] = {}
@@ -339,17 +339,17 @@ class TrajectoryConsumer:
                         list(record.headers or []),
                     )
                 except DecodeError as exc:
-                    pending.append(self._dead_letters().send(record, exc))
-                    if self.metrics is not None:
-                        self.metrics.dead_letter(type(exc).__name__, self._dlq_topic)
+                    pending.append(self._dead_letters().send_record(record, exc))
                 self._buffer.append((tp, record.offset + 1, entry))
         for future in pending:
             future.get(timeout=30)
 
-    def _dead_letters(self) -> DeadLetterQueue:
+    def _dead_letters(self) -> KafkaDeadLetters:
         if self._dlq is None:
             self._producer = make_producer(self._kafka, name=f"{self.name}-dlq")
-            self._dlq = DeadLetterQueue(self._producer, self._dlq_topic, self.name)
+            self._dlq = KafkaDeadLetters(
+                self._producer, self._dlq_topic, stage=self.name, metrics=self.metrics
+            )
         return self._dlq
 
     def _drop_buffered(self, tp: TopicPartition) -> None:

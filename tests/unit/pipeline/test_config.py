@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
+from workers.kafka.clients import connection_kwargs
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 
@@ -103,13 +103,13 @@ def test_security_settings_pass_through_and_secrets_stay_secret() -> None:
         sasl_password="s3cret",
         ssl_cafile="/etc/ca.pem",
     )
-    kwargs = cfg.client_kwargs()
+    kwargs = connection_kwargs(cfg)
     assert kwargs["sasl_plain_password"] == "s3cret"
     assert kwargs["ssl_cafile"] == "/etc/ca.pem"
     assert kwargs["security_protocol"] == "SASL_SSL"
     assert "s3cret" not in repr(cfg)
     assert "s3cret" not in cfg.model_dump_json()
-    plain = KafkaConfig().client_kwargs()
+    plain = connection_kwargs(KafkaConfig())
     assert "sasl_plain_password" not in plain and "ssl_cafile" not in plain
 
 
@@ -125,16 +125,91 @@ def test_topic_names_and_specs() -> None:
         TopicsConfig(replication_factor=1, min_insync_replicas=2)
 
 
-def test_the_gate_may_run_inside_the_drop_bound_but_not_outside() -> None:
-    gate = {"admission": {"max_staleness": 24, "train_batch_size": 1}}
-    RunConfig.model_validate(
-        {
-            "agent_loop": gate,
-            "trainer": {"max_staleness": 32, "train_batch_size": 1},
-            "replay": {"max_staleness": 32},
-        }
+def test_the_stages_shared_values_come_from_the_trainer() -> None:
+    cfg = load_config(
+        None, parse_overrides(["trainer.max_staleness=32", "trainer.train_batch_size=3"])
     )
-    with pytest.raises(ValidationError, match=r"below agent_loop\.admission\.max_staleness"):
-        RunConfig.model_validate(
-            {"agent_loop": gate, "trainer": {"max_staleness": 16, "train_batch_size": 1}}
-        )
+    gate = cfg.agent_loop.admission
+    assert (gate.max_staleness, gate.train_batch_size) == (32, 3)
+    assert cfg.replay.max_staleness == cfg.trainer.max_staleness == 32
+    unbounded = load_config()
+    assert unbounded.agent_loop.admission.max_staleness is None
+    assert unbounded.replay.max_staleness is None
+    assert unbounded.agent_loop.admission.train_batch_size == unbounded.trainer.train_batch_size
+
+
+@pytest.mark.parametrize(("bound", "margin", "gate"), [(32, 8, 24), (2, 0, 2), (3, 8, 0)])
+def test_the_gate_runs_its_margin_inside_the_trainers_bound(
+    bound: int, margin: int, gate: int
+) -> None:
+    cfg = RunConfig.model_validate(
+        {"trainer": {"max_staleness": bound}, "agent_loop": {"admission": {"margin": margin}}}
+    )
+    assert cfg.agent_loop.admission.max_staleness == gate
+    assert cfg.replay.max_staleness == bound
+
+
+@pytest.mark.parametrize(
+    ("override", "source"),
+    [
+        ("agent_loop.admission.train_batch_size=8", "trainer.train_batch_size"),
+        ("agent_loop.admission.max_staleness=2", "trainer.max_staleness"),
+        ("replay.max_staleness=2", "trainer.max_staleness"),
+    ],
+)
+def test_a_derived_copy_is_no_setting(override: str, source: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, parse_overrides([override]))
+    message = str(info.value)
+    assert f"{override.partition('=')[0]} is derived from {source}" in message
+    assert len(message.splitlines()) == 2  # the heading and one line
+
+
+def test_a_derived_copy_is_refused_from_the_environment_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ROLLOUT_REPLAY__MAX_STALENESS", "2")
+    with pytest.raises(ConfigError, match=r"replay\.max_staleness is derived"):
+        load_config()
+
+
+def test_the_written_config_loads_again_and_derives_the_same(tmp_path) -> None:
+    import yaml
+
+    cfg = load_config(
+        None,
+        parse_overrides(
+            [
+                "trainer.max_staleness=4",
+                "trainer.train_batch_size=2",
+                "agent_loop.admission.margin=1",
+            ]
+        ),
+    )
+    dumped = cfg.redacted()
+    assert "max_staleness" not in dumped["replay"]
+    assert set(dumped["agent_loop"]["admission"]) == {"margin"}
+    path = tmp_path / "resolved.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    again = load_config(path)
+    assert again.agent_loop.admission == cfg.agent_loop.admission
+    assert again.replay.max_staleness == 4
+
+
+def test_the_derived_copies_are_the_fields_left_out_of_dumps() -> None:
+    """`DERIVED` (refused as settings) and `exclude=True` (no row in the docs, not dumped)
+    name the same fields."""
+    from pydantic import BaseModel
+
+    from pipeline.config import DERIVED
+
+    def excluded(model: type[BaseModel], prefix: str = "") -> set[str]:
+        out = set()
+        for name, field in model.model_fields.items():
+            if field.exclude:
+                out.add(prefix + name)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                out |= excluded(field.annotation, f"{prefix}{name}.")
+        return out
+
+    assert excluded(RunConfig) == set(DERIVED)

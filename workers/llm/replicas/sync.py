@@ -3,8 +3,9 @@
     rollout replica sync --replica http://127.0.0.1:8100
 
 or embedded beside a replica: `run_controller(kafka, topics, replica_url, stop_event)` in a
-thread. It reads the compacted policy topic from the beginning without a consumer group
-(every replica sees every version), keeps the newest `PolicyVersion`, and whenever that is
+thread (it runs an event loop of its own). It reads the compacted policy topic from the
+beginning without a consumer group (`workers.kafka.follow.TopicFollower`: every replica sees
+every version), keeps the newest `PolicyVersion`, and whenever that is
 newer than what the replica serves (its `/health` version) posts `{path, version}` to the
 replica's `/update_weights`, which by the replica contract pauses (aborting in-flight
 requests, which the LLM client resumes transparently), loads, sets the version and resumes.
@@ -20,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -28,14 +30,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kafka import TopicPartition
-
 from schemas.errors import RolloutError
 from schemas.events import PolicyVersion
 from workers.kafka.admin import topic_partitions
-from workers.kafka.clients import make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.kafka.follow import decoded
+from workers.kafka.follow import TopicFollower
 from workers.metrics import StageMetrics
 
 __all__ = ["ReplicaSync", "SyncError", "run_controller"]
@@ -44,7 +43,7 @@ log = logging.getLogger("rollout.replica.sync")
 
 
 class SyncError(RolloutError):
-    """The policy topic cannot be followed (missing, or absent from the metadata)."""
+    """The policy topic cannot be followed (it does not exist)."""
 
 
 class ReplicaSync:
@@ -72,7 +71,7 @@ class ReplicaSync:
             log.log(level, "replica %s /health failed: %s", self.url, exc)
             self.served = None
             return None
-        self.served = int(body.get("version", body.get("policy_version", 0)))
+        self.served = int(body.get("version", 0))
         return self.served
 
     def due(self) -> bool:
@@ -153,38 +152,43 @@ def run_controller(
     metrics.watch(policy_version=lambda: sync.newest.version if sync.newest else 0)
     if topic_partitions(kafka, topic) is None:
         raise SyncError(f"topic {topic} does not exist (run `rollout topics create`)")
-    consumer = make_consumer(kafka, group_id=None, name="replica-sync")
+    asyncio.run(
+        _control(kafka, topic, sync, stop_event, poll_timeout_s, health_interval_s, metrics)
+    )
+    return sync
+
+
+async def _control(
+    kafka: KafkaConfig,
+    topic: str,
+    sync: ReplicaSync,
+    stop_event: threading.Event,
+    poll_timeout_s: float,
+    health_interval_s: float,
+    metrics: StageMetrics,
+) -> None:
+    """Poll the policy topic and bring the replica to the newest version until `stop_event`
+    (the replica's HTTP calls run in a thread: the consumer's loop keeps running)."""
+    client_id = f"{kafka.client_id}-replica-sync"
+    follower = TopicFollower(kafka, topic, client_id=client_id, metrics=metrics)
+    await follower.start()
     try:
-        # The topic exists; a consumer's metadata may still lag its creation by a moment.
-        deadline = time.monotonic() + 30
-        while not (parts := consumer.partitions_for_topic(topic)):
-            if stop_event.is_set():
-                return sync
-            if time.monotonic() > deadline:
-                raise SyncError(f"no partitions of {topic} in the metadata after 30 s")
-            time.sleep(0.2)
-        assigned = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(assigned)
-        consumer.seek_to_beginning(*assigned)
         last_health = 0.0
         backoff = 0.5
-        log.info("syncing replica %s from %s", replica_url, topic)
+        log.info("syncing replica %s from %s", sync.url, follower.topic)
         while not stop_event.is_set():
-            for records in consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).values():
-                for record in records:
-                    metrics.consumed(topic)
-                    if isinstance(event := decoded(record), PolicyVersion):
-                        sync.observe(event)
+            for event in await follower.poll(timeout_ms=int(poll_timeout_s * 1000)):
+                if isinstance(event, PolicyVersion):
+                    sync.observe(event)
             now = time.monotonic()
             if sync.served is None or now - last_health > health_interval_s:
-                sync.refresh()
+                await asyncio.to_thread(sync.refresh)
                 last_health = now
             if sync.due():
-                if sync.apply():
+                if await asyncio.to_thread(sync.apply):
                     backoff = 0.5
                 else:
-                    stop_event.wait(backoff)
+                    await asyncio.to_thread(stop_event.wait, backoff)
                     backoff = min(backoff * 2, 30.0)
     finally:
-        consumer.close()
-    return sync
+        await follower.stop()

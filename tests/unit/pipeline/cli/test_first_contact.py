@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.topics import creates_missing
 from workers.kafka.client_logs import CLIENT_LOGGERS, route_client_logs
+from workers.kafka.clients import connection_kwargs
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
 
@@ -31,8 +32,8 @@ def test_client_records_pass_only_when_verbose(client_levels) -> None:
 
 
 def test_every_client_gets_the_bootstrap_timeout() -> None:
-    assert KafkaConfig().client_kwargs()["bootstrap_timeout_ms"] == 5_000
-    assert KafkaConfig(bootstrap_timeout_ms=800).client_kwargs()["bootstrap_timeout_ms"] == 800
+    assert connection_kwargs(KafkaConfig())["bootstrap_timeout_ms"] == 5_000
+    assert connection_kwargs(KafkaConfig(bootstrap_timeout_ms=800))["bootstrap_timeout_ms"] == 800
 
 
 @pytest.mark.parametrize(
