@@ -5,6 +5,13 @@ composes them into `RunConfig`. Precedence, highest first: CLI flags (`--set a.b
 named flags), environment (`ROLLOUT_KAFKA__BOOTSTRAP_SERVERS=host:9092`: prefix `ROLLOUT_`,
 `__` between levels), the YAML file (`--config FILE` or `ROLLOUT_CONFIG`), then defaults.
 A wrong value fails at start with `ConfigError` naming the field.
+
+Settings several stages share have one source, and `RunConfig` hands each stage its copy
+(`DERIVED`): the trainer's `train_batch_size` and `max_staleness` are the run's, the replay
+stage drops at the same bound, and the agent-loop's admission gate admits within it, less
+`agent_loop.admission.margin`. The copies are no settings: a file, variable or flag that
+names one is refused with the source to set instead, and they stay out of the run's dump
+(`exclude=True` in the stage models), so a written config loads again and derives them anew.
 """
 
 from __future__ import annotations
@@ -31,7 +38,23 @@ from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
 
-__all__ = ["ConfigError", "LocalKafkaConfig", "RunConfig", "load_config", "parse_overrides"]
+__all__ = [
+    "DERIVED",
+    "ConfigError",
+    "LocalKafkaConfig",
+    "RunConfig",
+    "closest_keys",
+    "load_config",
+    "parse_overrides",
+]
+
+#: The stage settings the run fills from one source (`RunConfig._derive`): key → source.
+DERIVED: dict[str, str] = {
+    "agent_loop.admission.max_staleness": "trainer.max_staleness (less "
+    "agent_loop.admission.margin)",
+    "agent_loop.admission.train_batch_size": "trainer.train_batch_size",
+    "replay.max_staleness": "trainer.max_staleness",
+}
 
 
 class ConfigError(RolloutError):
@@ -77,27 +100,29 @@ class RunConfig(BaseSettings):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     vllm: VLLMLaunchConfig = Field(default_factory=VLLMLaunchConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_derived_settings(cls, data: Any) -> Any:
+        """Refuse a derived copy given as a setting (from a file, variable, flag or dict)."""
+        for key, source in DERIVED.items():
+            if _names(data, key):
+                raise ValueError(f"{key} is derived from {source}: set that instead")
+        return data
+
     @model_validator(mode="after")
-    def _stages_agree(self) -> RunConfig:
-        """Settings that several stages must share, checked once for the whole run."""
-        gate = self.agent_loop.admission
-        if gate.max_staleness is not None:
-            if gate.train_batch_size != self.trainer.train_batch_size:
-                raise ValueError(
-                    "agent_loop.admission.train_batch_size must equal trainer.train_batch_size"
-                )
-            for name, value in (
-                ("trainer", self.trainer.max_staleness),
-                ("replay", self.replay.max_staleness),
-            ):
-                # A gate tighter than the drop bound is slack for late groups; a looser one
-                # would generate what the stages downstream are sure to drop.
-                if value is not None and value < gate.max_staleness:
-                    raise ValueError(
-                        f"{name}.max_staleness ({value}) is below "
-                        f"agent_loop.admission.max_staleness ({gate.max_staleness}): the gate "
-                        "would admit samples the stage drops"
-                    )
+    def _derive(self) -> RunConfig:
+        """Each stage's copy of the settings several stages share, from their one source."""
+        trainer, gate = self.trainer, self.agent_loop.admission
+        # Inside the trainer's bound by the margin: a gate looser than the bound would
+        # generate what the stages downstream are sure to drop.
+        bound = (
+            None if trainer.max_staleness is None else max(0, trainer.max_staleness - gate.margin)
+        )
+        gate = gate.model_copy(
+            update={"max_staleness": bound, "train_batch_size": trainer.train_batch_size}
+        )
+        self.agent_loop = self.agent_loop.model_copy(update={"admission": gate})
+        self.replay = self.replay.model_copy(update={"max_staleness": trainer.max_staleness})
         overlong = self.reward.overlong
         if overlong.enabled and overlong.max_response_length is None:
             # The penalty's budget is the agent loop's, unless the reward stage names one.
@@ -185,6 +210,16 @@ def load_config(
     )
 
 
+def _names(data: Any, key: str) -> bool:
+    """Whether the raw settings `data` give the dotted `key` (models built in code are
+    derived over, not refused)."""
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """PyYAML's error in one line: what is wrong and where (its str() is a drawing)."""
     problem = getattr(exc, "problem", None)
@@ -200,5 +235,29 @@ def _describe(exc: ValidationError, path: str | Path | None) -> str:
     lines = [f"invalid configuration{where}:"]
     for err in exc.errors(include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"  {field}: {err['msg']}")
+        hint = ""
+        if err["type"] == "extra_forbidden":
+            *parent, name = (str(p) for p in err["loc"])
+            close = closest_keys(name, _field_names(parent))
+            named = " or ".join(".".join([*parent, c]) for c in close)
+            hint = f"; did you mean {named}?" if close else ""
+        lines.append(f"  {field}: {err['msg']}{hint}")
     return "\n".join(lines)
+
+
+def closest_keys(name: str, known: list[str]) -> list[str]:
+    """The known keys `name` is most likely a misspelling of (at most two)."""
+    import difflib
+
+    return difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+
+
+def _field_names(path: list[str]) -> list[str]:
+    """The fields of the config model at dotted `path` under `RunConfig` ([] if not a model)."""
+    model: Any = RunConfig
+    for part in path:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))

@@ -6,9 +6,11 @@
 Walks `RunConfig` and the stage models nested in it: one section per top-level field, one
 table per section, nested models flattened into dotted keys (the same paths `--set` takes).
 Each row gives the key, its environment variable, the type with its constraints, the default
-and the field's description. The output is a pure function of the models: defaults come from
-the models (never from the environment or a config file), secrets are masked, and nothing
-depends on the machine or the time, so a unit test can compare it with the checked-in copy.
+and the field's description. A stage's copy of a shared setting (`exclude=True`, filled by
+`RunConfig` from its source: `pipeline.config.DERIVED`) is no setting and has no row. The
+output is a pure function of the models: defaults come from the models (never from the
+environment or a config file), secrets are masked, and nothing depends on the machine or the
+time, so a unit test can compare it with the checked-in copy.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def rows(model: type[BaseModel], prefix: str = "", instance: Any = None) -> Iter
     `topics.policy` shows its own defaults (compact, one partition), not `TopicSpec`'s.
     """
     for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
         key = f"{prefix}{name}"
         if isinstance(instance, BaseModel):
             default: Any = getattr(instance, name)

@@ -10,8 +10,8 @@ Envelope (every event, `schemas.codec.headers_for`):
 
 Per topic:
     rl.trajectory_id       `rl.scored`: the trajectory a `ScoredTrajectory` completes
-    rl.staleness           `rl.replay` and `rl.stale`: `version − min_global_steps` as judged
-                           by the stage that wrote the record
+    rl.staleness           `rl.replay` and `rl.stale`: the group's staleness
+                           (`schemas.stale.staleness`) as judged by the stage that wrote it
     rl.stale.*             `rl.stale`: why a group was dropped (`schemas.stale`)
     rl.dlq.*               `rl.dlq`: where a dead letter came from and why (`schemas.deadletter`)
 

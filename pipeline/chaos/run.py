@@ -110,11 +110,7 @@ def chaos_config(
             {
                 "reward": {"session_timeout_s": 10},
                 "trainer": {"lr": 1e-4, "keep_checkpoints": 2},
-                "agent_loop": {
-                    "admission": {
-                        "max_staleness": max(0, opts.max_staleness - opts.admission_margin)
-                    }
-                },
+                "agent_loop": {"admission": {"margin": opts.admission_margin}},
             },
             opts.extra,
         ),
@@ -211,7 +207,7 @@ class _Broker:
     """The run's own broker, which the `broker` fault restarts (same port, same data)."""
 
     def __init__(self, home: Path) -> None:
-        from pipeline.launch.replicas import free_port
+        from workers.ports import free_port
 
         self.port = free_port()
         self.data = home / "kafka"

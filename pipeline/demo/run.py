@@ -75,7 +75,6 @@ def demo_config(
     """`cfg` (Kafka settings kept) with every stage configured for the demo's recipe."""
     model_dir = model_dir_in(run_dir)
     data = cfg.model_dump()
-    staleness = max_staleness
     updates: dict[str, dict[str, Any]] = {
         "topics": {"prefix": prefix},
         "agent_loop": {
@@ -90,7 +89,6 @@ def demo_config(
                 "health_interval_s": 1.0,
                 "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0,
             },
-            "admission": {"max_staleness": staleness, "train_batch_size": recipe.train_batch_size},
         },
         "reward": {
             "group_id": f"{prefix}reward",
@@ -106,7 +104,6 @@ def demo_config(
             "group_id": f"{prefix}replay",
             "n": recipe.n,
             "drop_zero_variance": recipe.drop_zero_variance,
-            "max_staleness": staleness,
             "batch_within_s": 0.1,
             "commit_interval_s": 0.5,
         },
@@ -117,7 +114,7 @@ def demo_config(
             "micro_batch_size": recipe.train_batch_size * recipe.n,
             "sync_every": 1,
             "max_steps": recipe.steps,
-            "max_staleness": staleness,
+            "max_staleness": max_staleness,  # the replay stage and the gate derive theirs
             "torch_threads": 1,
             "seed": recipe.seed,
             **recipe.trainer_settings(),

@@ -60,7 +60,6 @@ def local_run_config(
             "commit_interval_s": 0.5,
             "sampling": {"max_tokens": max_tokens, "temperature": 1.0},
             "llm": {"health_interval_s": 1.0},
-            "admission": {"max_staleness": max_staleness, "train_batch_size": train_batch_size},
         },
         "reward": {
             "group_id": f"{prefix}reward",
@@ -71,7 +70,6 @@ def local_run_config(
         "replay": {
             "group_id": f"{prefix}replay",
             "n": n,
-            "max_staleness": max_staleness,
             "batch_within_s": 0.05,
             "commit_interval_s": 0.5,
         },

@@ -60,8 +60,8 @@ class LoadOptions:
 def load_run_config(
     opts: LoadOptions, kafka: KafkaConfig, prefix: str, model: str, run: Path
 ) -> RunConfig:
-    # Admission bounds staleness at the source; replay and trainer keep every group, so a
-    # slow trainer never turns the soak's samples into drops.
+    # Admission bounds staleness at the source; replay and trainer keep every group past the
+    # bound, so a slow trainer never turns the soak's samples into drops.
     return local_run_config(
         kafka,
         prefix,
@@ -70,7 +70,7 @@ def load_run_config(
         **knobs_of(opts),
         overrides={
             "agent_loop": {"sampling": {"ignore_eos": True}},
-            "replay": {"max_staleness": None},
-            "trainer": {"max_staleness": None, "keep_checkpoints": 2},
+            "replay": {"stale_policy": "keep"},
+            "trainer": {"stale_policy": "keep", "keep_checkpoints": 2},
         },
     )

@@ -226,13 +226,13 @@ def _stage_section(
     stage: str, run: str, topics: TopicsConfig, tmp: Path, model: Path
 ) -> dict[str, Any]:
     base = {
-        "app_id": f"{topics.prefix}app",
+        "group_id": f"{topics.prefix}app",
         "session_timeout_s": 6,
         "commit_interval_s": 1.0,
         "batch_size": 64,
     }
     if stage == "replay":
-        return {**base, "n": 2, "group_timeout_s": 300, "tick_interval_s": 1.0}
+        return {**base, "n": 2, "group_timeout_s": 300, "sweep_interval_s": 1.0}
     base |= {"tokenizer": str(model), "pool_workers": 1, "scorer_timeout_s": 2.0}
     custom = {"path": "tests.corpus.rewards", "name": "compute_score"}
     if run == "process":

@@ -42,13 +42,15 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
-    def configure(self, **replay: Any) -> None:
+    def configure(self, max_staleness: int | None = None, **replay: Any) -> None:
+        """The replay section of the worker's config; `max_staleness` is the run's (the
+        trainer's), which the replay stage derives its own from."""
         settings = {
-            "app_id": f"{self.topics.prefix}replay",
+            "group_id": f"{self.topics.prefix}replay",
             "stats_path": str(self.stats_path),
             "session_timeout_s": 6,
             "commit_interval_s": 1.0,
-            "tick_interval_s": 1.0,
+            "sweep_interval_s": 1.0,
             "batch_size": 64,
             **replay,
         }
@@ -58,6 +60,7 @@ class Worker:
                     "kafka": {"bootstrap_servers": self.kafka.bootstrap},
                     "topics": {"prefix": self.topics.prefix},
                     "replay": settings,
+                    "trainer": {"max_staleness": max_staleness},
                 }
             )
         )
@@ -346,8 +349,8 @@ def test_restart_resolves_emitting_markers_left_by_a_crash(
     def partition(uid: str) -> int:  # every topic of the test has 4 partitions
         return (murmur2(uid.encode()) & 0x7FFFFFFF) % 4
 
-    app_id = f"{topics_config.prefix}replay"
-    changelog = f"{app_id}-groups-changelog"
+    group_id = f"{topics_config.prefix}replay"
+    changelog = f"{group_id}-groups-changelog"
     admin = make_admin(kafka_config)
     try:  # what the first run would have created
         admin.create_topics(

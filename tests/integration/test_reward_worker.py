@@ -57,7 +57,7 @@ class Worker:
         self.stats_path = tmp / "stats.json"
         self.config = tmp / "reward.yaml"
         reward = {
-            "app_id": f"{topics.prefix}reward",
+            "group_id": f"{topics.prefix}reward",
             "tokenizer": str(tokenizer_dir),
             "stats_path": str(self.stats_path),
             "session_timeout_s": 6,

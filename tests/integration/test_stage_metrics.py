@@ -82,7 +82,7 @@ def reward_process(
                 "kafka": {"bootstrap_servers": kafka_config.bootstrap},
                 "topics": {"prefix": topics_config.prefix},
                 "reward": {
-                    "app_id": f"{topics_config.prefix}reward",
+                    "group_id": f"{topics_config.prefix}reward",
                     "tokenizer": str(tokenizer[0]),
                     "session_timeout_s": 6,
                     "commit_interval_s": 1.0,

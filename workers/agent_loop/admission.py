@@ -4,8 +4,12 @@ A sample started now is trained, at the earliest, after every group started befo
 `started` groups have been admitted and the trainer has consumed `trained` of them in
 batches of `B`, a new group would be trained at least `(started − trained) / B` steps from
 now; bounding `started − trained < (max_staleness + 1) × B` keeps every trained sample within
-`max_staleness` versions of the policy that generated it (AReaL's rule, counted in groups).
-With `max_staleness = 0` generation produces one batch and waits for the trainer.
+`max_staleness` versions of the policy that generated it (AReaL's rule, counted in groups):
+a group admitted behind `k` unresolved ones is trained at a staleness of at least `k // B`,
+and `(max_staleness + 1) × B` is the smallest `k` that is `schemas.stale.too_stale` for, the
+rule the replay stage and the trainer drop by. With `max_staleness = 0` generation produces
+one batch and waits for the trainer. Both numbers are the trainer's (`pipeline.config`
+derives them): its `train_batch_size`, and its `max_staleness` less the gate's margin.
 
 `trained` is the trainer's latest `PolicyVersion.groups_trained` on the policy topic (groups
 it consumed: trained, or dropped as stale there). Groups that never reach the trainer must
@@ -46,6 +50,7 @@ class AdmissionGate:
 
     @property
     def capacity(self) -> int | None:
+        """Groups that may be started and not yet resolved; None: unbounded."""
         if self.max_staleness is None:
             return None
         return (self.max_staleness + 1) * self.train_batch_size

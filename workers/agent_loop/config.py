@@ -11,14 +11,32 @@ __all__ = ["AdmissionConfig", "AgentLoopConfig", "AgentLoopWorkerConfig"]
 
 
 class AdmissionConfig(BaseModel):
-    """Staleness bounded at the source: how far generation may run ahead of training."""
+    """Staleness bounded at the source: how far generation may run ahead of training.
+
+    The gate's bound is the trainer's: in a run, `pipeline.config.RunConfig` fills
+    `max_staleness` (`trainer.max_staleness` less `margin`, at least 0) and `train_batch_size`
+    (`trainer.train_batch_size`). Those two are no settings of a run (a file, variable or flag
+    that names one is refused) and stay out of its dump; code that builds a worker without a
+    run sets them here directly. `margin` is the one setting of the gate.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    max_staleness: int | None = Field(
-        default=None, ge=0, description="None: unbounded. 0: on-policy (wait for each version)."
+    margin: int = Field(
+        default=0,
+        ge=0,
+        description="Versions the gate keeps generation inside trainer.max_staleness: slack for "
+        "groups admitted late (its count of started groups is up to a second old).",
     )
-    train_batch_size: int = Field(default=8, ge=1, description="Groups (prompts) per trainer step.")
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        exclude=True,
+        description="Derived. None: unbounded. 0: on-policy (wait for each version).",
+    )
+    train_batch_size: int = Field(
+        default=8, ge=1, exclude=True, description="Derived. Groups (prompts) per trainer step."
+    )
 
 
 class AgentLoopConfig(BaseModel):

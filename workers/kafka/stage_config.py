@@ -5,17 +5,13 @@ are these fields, shared, and `loop_settings()` hands them to the loop. Each sta
 subclasses this one, overriding a default where its traffic differs (`group_id_field`,
 `batch_size`, `sweep_interval_s`). Imports no Kafka client: the CLI parses configs before
 anything heavy loads.
-
-Names: `group_id` was `app_id` (faust's name for it) and `sweep_interval_s` was the replay
-stage's `tick_interval_s`; the old keys are still accepted in files, `--set` and the
-environment.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["StageLoopConfig", "group_id_field", "sweep_interval_field"]
 
@@ -26,21 +22,13 @@ def group_id_field(default: str) -> Any:
         default=default,
         min_length=1,
         pattern=r"^[A-Za-z0-9._-]+$",
-        validation_alias=AliasChoices("group_id", "app_id"),
-        description="Consumer group id, and the prefix of the stage's changelog topic "
-        "(also read as app_id).",
+        description="Consumer group id, and the prefix of the stage's changelog topic.",
     )
 
 
-def sweep_interval_field(default: float, description: str, *old: str, le: float = 3600) -> Any:
-    """The `sweep_interval_s` field with a stage's default, also read under its `old` names."""
-    return Field(
-        default=default,
-        gt=0,
-        le=le,
-        validation_alias=AliasChoices("sweep_interval_s", *old),
-        description=description,
-    )
+def sweep_interval_field(default: float, description: str, *, le: float = 3600) -> Any:
+    """The `sweep_interval_s` field with a stage's default and description."""
+    return Field(default=default, gt=0, le=le, description=description)
 
 
 class StageLoopConfig(BaseModel):

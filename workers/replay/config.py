@@ -25,11 +25,7 @@ class ReplayConfig(StageLoopConfig):
     group_id: str = group_id_field("rollout-replay")
     batch_size: int = Field(default=256, ge=1, le=65536, description="Most samples per batch.")
     sweep_interval_s: float = sweep_interval_field(
-        5.0,
-        "With no sample arriving, how often the stage still expires groups (also read as"
-        " tick_interval_s).",
-        "tick_interval_s",
-        le=600,
+        5.0, "With no sample arriving, how often the stage still expires groups.", le=600
     )
     n: int = Field(default=4, ge=1, le=1024, description="Group size of samples that carry none.")
     group_timeout_s: float = Field(
@@ -45,10 +41,14 @@ class ReplayConfig(StageLoopConfig):
     max_staleness: int | None = Field(
         default=None,
         ge=0,
-        description="Most policy versions a group may lag (version − min_global_steps); None: any.",
+        exclude=True,
+        description="Most policy versions a group may lag (`schemas.stale.staleness`); None: "
+        "any. Derived: in a run, `RunConfig` sets it to `trainer.max_staleness` (no setting "
+        "of the run, left out of its dump).",
     )
     stale_policy: StalePolicy = Field(
-        default="drop", description="Over max_staleness: drop to rl.stale ('stale') or keep."
+        default="drop",
+        description="Past max_staleness (the trainer's): drop to rl.stale ('stale') or keep.",
     )
     drop_zero_variance: bool = Field(
         default=False,
@@ -64,7 +64,7 @@ class ReplayConfig(StageLoopConfig):
         if self.drop_zero_variance and self.n < 2:
             raise ValueError("drop_zero_variance needs n >= 2 (a single sample has no variance)")
         if self.sweep_interval_s > self.group_timeout_s:
-            raise ValueError("sweep_interval_s (tick_interval_s) must not exceed group_timeout_s")
+            raise ValueError("sweep_interval_s must not exceed group_timeout_s")
         return self
 
     @property

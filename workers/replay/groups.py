@@ -5,9 +5,9 @@ A group is the `n` samples of one prompt (uid). It is complete when `n` distinct
 also completed — is dropped and counted). A group that waits longer than the timeout is
 emitted partial or dropped, by policy.
 
-Staleness of a group = current policy version − the group's `min_global_steps` (its oldest
-token's version); over `max_staleness` it goes to the stale topic (policy `drop`) or on to
-training anyway (`keep`).
+Staleness of a group = `schemas.stale.staleness(current policy version, the group's
+min_global_steps)` (its oldest token's version); past `max_staleness` (`schemas.stale.too_stale`)
+it goes to the stale topic (policy `drop`) or on to training anyway (`keep`).
 
 `judge` decides in this order, the first that applies naming the drop reason: a partial
 group under partial policy `drop` → `timeout`; too stale under `drop` → `stale`; all rewards
@@ -27,7 +27,7 @@ from typing import Literal
 
 from schemas.advantages import EPS, group_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
-from schemas.stale import DropReason, StalePolicy
+from schemas.stale import DropReason, StalePolicy, staleness, too_stale
 
 __all__ = ["Decision", "GroupBuffer", "PendingGroup", "group_advantages", "judge"]
 
@@ -99,7 +99,7 @@ def judge(
     samples = [group.samples[i] for i in sorted(group.samples)]
     low = min(s.extra_fields.min_global_steps for s in samples)
     high = max(s.extra_fields.max_global_steps for s in samples)
-    staleness = max(0, current_version - low)
+    lag = staleness(current_version, low)
     rewards = [s.reward_score for s in samples]
     built = TrainingGroup(
         uid=group.uid,
@@ -110,9 +110,9 @@ def judge(
         emitted_at_version=current_version,
     )
     if not group.complete and partial_policy == "drop":
-        return Decision(built, "timeout", staleness)
-    if max_staleness is not None and staleness > max_staleness and stale_policy == "drop":
-        return Decision(built, "stale", staleness)
+        return Decision(built, "timeout", lag)
+    if too_stale(lag, max_staleness) and stale_policy == "drop":
+        return Decision(built, "stale", lag)
     if drop_zero_variance and max(rewards) == min(rewards):
-        return Decision(built, "zero_variance", staleness)
-    return Decision(built, None, staleness)
+        return Decision(built, "zero_variance", lag)
+    return Decision(built, None, lag)

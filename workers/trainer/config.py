@@ -64,7 +64,12 @@ class TrainerConfig(BaseModel):
         description="Consumer group on the replay topic (offsets committed for monitoring; "
         "the checkpoint's offsets are the truth on restart).",
     )
-    train_batch_size: int = Field(default=8, ge=1, le=65536, description="Groups per step.")
+    train_batch_size: int = Field(
+        default=8,
+        ge=1,
+        le=65536,
+        description="Groups per step; the agent-loop's admission gate counts in these batches.",
+    )
     micro_batch_size: int = Field(
         default=8, ge=1, le=65536, description="Samples per forward/backward (grad accumulation)."
     )
@@ -139,7 +144,10 @@ class TrainerConfig(BaseModel):
     max_staleness: int | None = Field(
         default=None,
         ge=0,
-        description="Largest `trainer version − min_global_steps` trained; None: unbounded.",
+        description="Largest staleness trained (`schemas.stale.staleness` of the trainer's "
+        "version and a group's min_global_steps); None: unbounded. The run's one bound: the "
+        "replay stage drops at it too, and the admission gate admits within it less "
+        "agent_loop.admission.margin.",
     )
     stale_policy: StalePolicy = Field(
         default="drop", description="Too-old groups: drop (to the stale topic) or keep (train)."

@@ -2,12 +2,13 @@
 
 Loop: collect `train_batch_size` groups from the replay topic (through `TrajectoryConsumer`,
 all partitions assigned), re-checking each group's staleness against the trainer's own
-version (`version − group.min_global_steps > max_staleness` → the stale topic, keyed by uid,
-original bytes, `schemas.stale.drop_headers`) and skipping groups already trained (dedup by uid and
-attempt ids, remembered across restarts) → one optimiser step (`workers.trainer.step`) →
-one line in the step log → every `sync_every` steps: checkpoint (weights + optimizer + the
-consumer positions the weights cover), publish `PolicyVersion(version, path, groups_trained,
-samples_trained)` (acks=all, key "policy"), commit the same positions to the group.
+version (`schemas.stale`: `too_stale(staleness(version, group.min_global_steps),
+max_staleness)` → the stale topic, keyed by uid, original bytes, `drop_headers`) and skipping
+groups already trained (dedup by uid and attempt ids, remembered across restarts) → one
+optimiser step (`workers.trainer.step`) → one line in the step log → every `sync_every`
+steps: checkpoint (weights + optimizer + the consumer positions the weights cover), publish
+`PolicyVersion(version, path, groups_trained, samples_trained)` (acks=all, key "policy"),
+commit the same positions to the group.
 
 Guarantees:
 - Exactly once into the weights. A checkpoint's positions are those after the last record of
@@ -43,11 +44,12 @@ from kafka.errors import KafkaError
 
 from schemas.codec import encode, headers_for
 from schemas.events import PolicyVersion, TrainingGroup
-from schemas.stale import drop_headers
+from schemas.stale import drop_headers, staleness, too_stale
 from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
+from workers.stopping import StopSignal
 from workers.trainer.checkpoint import (
     TrainerState,
     load_latest,
@@ -191,6 +193,8 @@ class Trainer:
             name="trainer",
             metrics=self.metrics,
         )
+        if isinstance(self.stop_event, StopSignal):
+            self.stop_event.graceful()  # from here a stop has work to finish cleanly
         self.steplog.write(
             {
                 "event": "start",
@@ -255,10 +259,9 @@ class Trainer:
                 log.info("skipping trained group %s (%s@%d)", group.uid, item.topic, item.offset)
                 pending.add(item, "duplicate", key)
                 continue
-            staleness = version - group.min_global_steps
-            limit = self.config.max_staleness
-            if limit is not None and staleness > limit and self.config.stale_policy == "drop":
-                pending.futures.append(self._send_stale(item, staleness))
+            lag = staleness(version, group.min_global_steps)
+            if too_stale(lag, self.config.max_staleness) and self.config.stale_policy == "drop":
+                pending.futures.append(self._send_stale(item, lag))
                 pending.add(item, "stale", key)
                 if pending.drop_count() >= self.config.train_batch_size:
                     self._settle_drops(pending)  # a long run of drops still reaches the gate
@@ -288,7 +291,7 @@ class Trainer:
         else:
             self._sync(state_only=True)
 
-    def _send_stale(self, item: Item, staleness: int) -> Any:
+    def _send_stale(self, item: Item, lag: int) -> Any:
         version = self.state.version
         log.info(
             "stale group %s from %s[%d]@%d: staleness %d > %s at version %d",
@@ -296,11 +299,11 @@ class Trainer:
             item.topic,
             item.partition,
             item.offset,
-            staleness,
+            lag,
             self.config.max_staleness,
             version,
         )
-        headers = drop_headers(item.headers, "stale", staleness, trainer_version=version)
+        headers = drop_headers(item.headers, "stale", lag, trainer_version=version)
         self.metrics.produced(self.topics.name("stale"))
         return self.producer.send(
             self.topics.name("stale"), key=item.event.uid, value=item.value, headers=headers
@@ -311,6 +314,7 @@ class Trainer:
 
         version = self.state.version
         groups: list[TrainingGroup] = [i.event for i in pending.train]
+        lags = [staleness(version, g.min_global_steps) for g in groups]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         started = time.monotonic()
         metrics = self._train(batch)
@@ -354,7 +358,7 @@ class Trainer:
             "truncated_frac": float(batch["truncated"].float().mean()),
             "stale_dropped": sum(e.kind == "stale" for e in drops),
             "duplicates_skipped": sum(e.kind == "duplicate" for e in drops),
-            "staleness_hist": staleness_histogram(version - g.min_global_steps for g in groups),
+            "staleness_hist": staleness_histogram(lags),
             "trajectory_spans_mean": sum(spans) / len(spans),
             "trajectory_spans_max": max(spans),
             "trajectory_ids": batch.trajectory_ids,
@@ -362,8 +366,8 @@ class Trainer:
         }
         self.steplog.write(record)
         self.metrics.step(metrics, record["reward_mean"])
-        for g in groups:
-            self.metrics.observe_staleness(version - g.min_global_steps)
+        for lag in lags:
+            self.metrics.observe_staleness(lag)
         log.info(
             "step %d: loss %.4f clipfrac %.3f ppo_kl %.4f is_w mean %.4f [%.4f, %.4f] "
             "entropy %.3f staleness %s groups %d",

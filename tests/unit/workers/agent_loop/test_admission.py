@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from schemas.stale import too_stale
 from workers.agent_loop.admission import AdmissionGate
 
 
@@ -77,3 +80,12 @@ def test_each_worker_takes_its_share_of_the_free_room_until_the_next_count() -> 
     assert gate.room() == 0  # until the next count
     gate.observe_started(8)  # the other took its 5 too, then the trainer freed 2
     assert gate.room() == 2  # ceil(4 free x 0.5)
+
+
+@pytest.mark.parametrize(("bound", "batch"), [(0, 1), (0, 4), (2, 3), (8, 1), (32, 64)])
+def test_the_gate_admits_exactly_what_trains_within_the_bound(bound: int, batch: int) -> None:
+    """A group admitted behind `k` unresolved groups trains at least `k // batch` versions
+    after it was generated: the gate admits it exactly when that is not `too_stale`."""
+    for ahead in range((bound + 2) * batch + 1):
+        gate = AdmissionGate(max_staleness=bound, train_batch_size=batch, started=ahead)
+        assert gate.can_admit() == (not too_stale(ahead // batch, bound)), ahead

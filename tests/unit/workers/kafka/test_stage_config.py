@@ -1,4 +1,4 @@
-"""`StageLoopConfig`: the reward and replay stages' loop settings, and their old names."""
+"""`StageLoopConfig`: the reward and replay stages' loop settings."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ def test_each_stage_keeps_its_defaults() -> None:
     assert replay.changelog_topic == "rollout-replay-groups-changelog"
 
 
-def test_the_old_names_are_still_read() -> None:
-    assert RewardConfig.model_validate({"app_id": "r1"}).group_id == "r1"
-    replay = ReplayConfig.model_validate({"app_id": "p1", "tick_interval_s": 2})
-    assert (replay.group_id, replay.sweep_interval_s) == ("p1", 2.0)
-    assert ReplayConfig(group_id="p2", sweep_interval_s=1).loop_settings()["group_id"] == "p2"
+def test_the_faust_era_names_are_gone() -> None:
+    with pytest.raises(ValidationError, match="app_id"):
+        RewardConfig.model_validate({"app_id": "r1"})
+    with pytest.raises(ValidationError, match="tick_interval_s"):
+        ReplayConfig.model_validate({"tick_interval_s": 2})
+    replay = ReplayConfig(group_id="p2", sweep_interval_s=1)
+    assert replay.loop_settings()["group_id"] == "p2" and replay.sweep_interval_s == 1.0
 
 
 def test_unknown_keys_and_bad_values_are_still_refused() -> None:

@@ -64,8 +64,8 @@ def test_config_checks() -> None:
     assert ReplayConfig().changelog_topic == "rollout-replay-groups-changelog"
     with pytest.raises(ValidationError, match="drop_zero_variance needs n >= 2"):
         ReplayConfig(n=1, drop_zero_variance=True)
-    with pytest.raises(ValidationError, match="tick_interval_s"):
-        ReplayConfig(group_timeout_s=2, tick_interval_s=5)
+    with pytest.raises(ValidationError, match="sweep_interval_s must not exceed"):
+        ReplayConfig(group_timeout_s=2, sweep_interval_s=5)
     with pytest.raises(ValidationError):
         ReplayConfig(max_staleness=-1)
     with pytest.raises(ValidationError):
