@@ -2,7 +2,8 @@
 # GPU check: the trainer on the GPU (tests/gpu/test_trainer_device.py: a PPO step on CUDA
 # against the same step on the CPU, checkpoints written from the GPU resumed on the CPU), then
 # the vllm replica backend: build the tiny model, serve it through
-# `python -m workers.llm.replicas.vllm`, run the replica contract tests
+# `rollout replica serve --backend vllm` (as `$PYTHON -m pipeline.cli.main`), run the replica
+# contract tests
 # (tests/gpu/test_replica_contract.py, marker `gpu`) against it, print a summary, stop
 # everything. Meant for one GPU machine (e.g. an H200) with no network; takes a few minutes
 # (most of it vLLM's start).
@@ -16,7 +17,7 @@
 # so carry the complete set, made on a machine with network for the GPU machine's Python, e.g.
 #   pip download -d .whl --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 pydantic pydantic-core annotated-types \
-#       typing-inspection orjson pybase64 pydantic-settings python-dotenv kafka-python
+#       typing-inspection orjson pybase64 pydantic-settings python-dotenv kafka-python pyyaml
 # vLLM itself must match the machine's torch/CUDA; its wheels are far larger than what a
 # device run can carry, so on such machines it has to be in the image already. Without it
 # the script stops after the trainer check and says so.
@@ -87,7 +88,7 @@ trap 'exit 130' INT TERM
 log "GPU: $(nvidia-smi -L 2>/dev/null | head -1 || true)"
 [[ "$BACKEND" == vllm || "$BACKEND" == hf ]] || die "BACKEND must be vllm or hf, not $BACKEND"
 command -v "$PY" >/dev/null || die "no interpreter $PY"
-NEEDED="aiohttp pydantic pydantic_settings dotenv prometheus_client orjson pybase64 numpy pytest safetensors torch transformers tokenizers jinja2 kafka"
+NEEDED="aiohttp pydantic pydantic_settings dotenv yaml prometheus_client orjson pybase64 numpy pytest safetensors torch transformers tokenizers jinja2 kafka"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 missing() {
   # shellcheck disable=SC2086
@@ -136,14 +137,13 @@ for name, seed in (("base", 0), ("alt", 1)):
 EOF
 
 # ------------------------------------------------------------------ 3. replica
-COMMON=(--model "$WORK/models/base" --port "$PORT" --host 127.0.0.1 --replica-id gpu-check
-        --served-model-name tiny --max-model-len 2048)
+CMD=("$PY" -m pipeline.cli.main replica serve --backend "$BACKEND" --model "$WORK/models/base"
+     --port "$PORT" --host 127.0.0.1 --replica-id gpu-check --served-model-name tiny
+     --max-model-len 2048)
 if [[ "$BACKEND" == vllm ]]; then
-  # shellcheck disable=SC2086
-  CMD=("$PY" -m workers.llm.replicas.vllm "${COMMON[@]}" --gpu-memory-utilization 0.25
-       --enforce-eager --startup-timeout 300 ${EXTRA_VLLM_ARGS:-})
-else
-  CMD=("$PY" -m workers.llm.replicas.hf "${COMMON[@]}")
+  # vLLM runs in this interpreter too; each word of EXTRA_VLLM_ARGS is one `vllm serve` argument
+  CMD+=(--vllm-python "$PY" --vllm-arg=--gpu-memory-utilization=0.25 --vllm-arg=--enforce-eager)
+  for arg in ${EXTRA_VLLM_ARGS:-}; do CMD+=("--vllm-arg=$arg"); done
 fi
 log "starting: ${CMD[*]} (log: $WORK/replica.log)"
 "${CMD[@]}" >"$WORK/replica.log" 2>&1 &

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch.replicas import free_port, wait_healthy
+from pipeline.launch.replicas import wait_healthy
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,6 @@ every round's and their spread, `rates` a side's best with every round's and the
 
 from __future__ import annotations
 
-import socket
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.kafka.config import KafkaConfig
+from workers.ports import free_port
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
@@ -37,9 +37,7 @@ def bench_broker(kafka: KafkaConfig) -> Iterator[KafkaConfig]:
         return
     from pipeline.broker.local import start_broker, stop_broker
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="rollout-bench-kafka-") as data:
         state = start_broker(port, Path(data), quiet=True)
         try:

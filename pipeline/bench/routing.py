@@ -31,9 +31,10 @@ import yaml
 
 from pipeline.bench.common import bench_broker, prompted_run, tiny_model
 from pipeline.launch.local import StageProcess
-from pipeline.launch.replicas import free_port, wait_healthy
+from pipeline.launch.replicas import wait_healthy
 from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
+from workers.ports import free_port
 
 __all__ = ["run"]
 
@@ -197,7 +198,11 @@ def run(
                 [
                     sys.executable,
                     "-m",
-                    "workers.llm.replicas.hf",
+                    "pipeline.cli.main",
+                    "replica",
+                    "serve",
+                    "--backend",
+                    "hf",
                     "--model",
                     model,
                     "--port",

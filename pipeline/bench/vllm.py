@@ -1,6 +1,6 @@
 """`rollout bench vllm`: what the replica contract and Kafka cost in front of real vLLM.
 
-One vLLM replica (`python -m workers.llm.replicas.vllm`, fp32, vLLM's own port known) serves
+One vLLM replica (`rollout replica serve --backend vllm`, fp32, vLLM's own port known) serves
 the same workload three ways, in turn within each round (direct, adapter, pipeline, direct,
 ...), so a slow minute of a shared machine lands on all three alike; each rate is the best
 round's, printed with every round's and the spread, and each ratio the median of the rounds'
@@ -35,18 +35,11 @@ from typing import Any
 import aiohttp
 
 from workers.kafka.config import KafkaConfig
+from workers.ports import free_port
 
 __all__ = ["run"]
 
 _SYSTEM = [(5 * i + 11) % 900 + 20 for i in range(256)]  # 2 CPU KV blocks of shared prefix
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _prompt(i: int, length: int = 32) -> list[int]:
@@ -131,20 +124,24 @@ def _logprob_diffs(model: str, prompts: list[list[int]], outs: list[dict]) -> li
 
 
 class _Replica:
-    """`python -m workers.llm.replicas.vllm` with a known internal port; stopped on exit."""
+    """`rollout replica serve --backend vllm` with a known internal port; stopped on exit."""
 
     def __init__(self, model: str, vllm_python: str | None, log: Path) -> None:
-        self.port, self.internal = _free_port(), _free_port()
+        self.port, self.internal = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.direct = f"http://127.0.0.1:{self.internal}"
         cmd = [
-            sys.executable, "-m", "workers.llm.replicas.vllm",
+            sys.executable, "-m", "pipeline.cli.main",
+            "replica", "serve",
+            "--backend", "vllm",
             "--model", model,
             "--port", str(self.port),
             "--internal-port", str(self.internal),
             "--dtype", "float32",
             "--max-model-len", "2048",
             "--replica-id", "bench",
+            "--vllm-arg=--enforce-eager",
+            "--vllm-arg=-O0",
         ]  # fmt: skip
         if vllm_python:
             cmd += ["--vllm-python", vllm_python]
@@ -160,7 +157,7 @@ class _Replica:
         } | os.environ
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*cmd, "--", "--enforce-eager", "-O0"],
+                cmd,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

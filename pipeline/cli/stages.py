@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.common import checked_model_dir, failed, port, print_json
+from pipeline.cli.common import at_least, checked_model_dir, failed, port, print_json
 from pipeline.config import ConfigError, RunConfig
 
 __all__ = ["add_parsers"]
@@ -43,22 +43,39 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         )
         registration = ReplicaRegistration(cfg.kafka, cfg.topics.name("replicas"), info)
         registration.start()
-    extra: dict[str, Any] = {}
-    if args.backend == "hf":
-        extra["threads"] = args.threads
-    else:
-        extra.update(tp=args.tp, dp=args.dp, pp=args.pp)
-    if args.backend == "vllm":
-        extra.update(
-            dtype=args.dtype, max_model_len=args.max_model_len, extra_args=tuple(args.vllm_arg)
-        )
-        extra["python"] = args.vllm_python or cfg.vllm.python
     try:
-        result = backend.serve(args.model, args.host, args.port, replica_id, args.version, **extra)
+        result = backend.serve(
+            args.model,
+            args.host,
+            args.port,
+            replica_id,
+            args.version,
+            **_backend_options(args, cfg),
+        )
     finally:
         if registration is not None:
             registration.leave()
     return int(result or 0)
+
+
+def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
+    """The backend's own `serve` options from `replica serve`'s flags (each backend's only)."""
+    common = {"max_model_len": args.max_model_len, "served_model_name": args.served_model_name}
+    if args.backend == "hf":
+        return common | {
+            "threads": args.threads,
+            "max_batch": args.max_batch,
+            "prefix_cache_tokens": args.prefix_cache_tokens,
+        }
+    return common | {
+        "tp": args.tp,
+        "dp": args.dp,
+        "pp": args.pp,
+        "dtype": args.dtype,
+        "internal_port": args.internal_port,
+        "extra_args": tuple(args.vllm_arg),
+        "python": args.vllm_python or cfg.vllm.python,
+    }
 
 
 def _require_free_port(host: str, port: int) -> None:
@@ -173,21 +190,24 @@ def _metrics(stage: str, args: argparse.Namespace) -> Any:
     return metrics
 
 
-def _stop_event_on_signals() -> Any:
-    import signal
-    import threading
+def _stop_event_on_signals(*, graceful: bool = True) -> Any:
+    """SIGTERM and SIGINT set the returned event; with `graceful=False`, SIGINT interrupts at
+    once until the stage calls `.graceful()` (`workers.stopping.StopSignal`)."""
+    from workers.stopping import StopSignal
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+    return StopSignal(graceful=graceful).install()
 
 
 def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.reward.worker import run_worker
 
+    if args.tokenizer:
+        cfg = cfg.model_copy(
+            update={"reward": cfg.reward.model_copy(update={"tokenizer": args.tokenizer})}
+        )
     if cfg.reward.tokenizer:
-        checked_model_dir(cfg.reward.tokenizer, "reward.tokenizer")
+        flag = "--tokenizer" if args.tokenizer else "reward.tokenizer"
+        checked_model_dir(cfg.reward.tokenizer, flag)
 
     return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
 
@@ -217,7 +237,9 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
         return train_on_ray(cfg, trainer_cfg, sys.argv[1:], address=args.ray or None)
     if trainer_cfg.nproc > 1 or launched_by_torchrun():
         return _train_sharded(args, cfg, trainer_cfg)
-    stop, metrics = _stop_event_on_signals(), _metrics("train", args)
+    # Ctrl-C while torch imports and the model loads ends the command at once; once the
+    # trainer runs, it stops cleanly (checkpoint, result).
+    stop, metrics = _stop_event_on_signals(graceful=False), _metrics("train", args)
     result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
     print_json(asdict(result))
     return 0
@@ -273,13 +295,32 @@ def add_parsers(sub: Any) -> None:
         "--backend", default="hf", choices=sorted(BACKENDS), help="hf (CPU) or vllm (GPUs)."
     )
     serve.add_argument("--model", required=True, help="Model directory.")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=port, default=8000)
-    serve.add_argument("--replica-id")
+    serve.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
+    serve.add_argument("--port", type=port, default=8000, help="Port to listen on.")
+    serve.add_argument(
+        "--replica-id",
+        help="Its id on rl.replicas (default: BACKEND-HOSTNAME-PORT, stable across restarts).",
+    )
     serve.add_argument(
         "--version", type=int, default=0, help="Policy version of the weights at start."
     )
+    serve.add_argument(
+        "--served-model-name", help="Model name it answers to (default: from --model)."
+    )
+    serve.add_argument("--max-model-len", type=at_least(16, int), help="Context length cap.")
     serve.add_argument("--threads", type=int, default=2, help="torch threads (hf).")
+    serve.add_argument(
+        "--max-batch",
+        type=at_least(1, int),
+        default=64,
+        help="Sequences it runs at once; more wait (hf).",
+    )
+    serve.add_argument(
+        "--prefix-cache-tokens",
+        type=at_least(0, int),
+        default=32768,
+        help="Tokens of finished sequences' KV kept for reuse (hf).",
+    )
     serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
     serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
     for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
@@ -289,8 +330,10 @@ def add_parsers(sub: Any) -> None:
         metavar="PY",
         help="Interpreter with vLLM (vllm.python; default .venv-vllm/bin/python if present).",
     )
-    serve.add_argument("--max-model-len", type=int, help="Context length cap (vllm).")
     serve.add_argument("--dtype", default="auto", help="Weights dtype, e.g. float32 (vllm).")
+    serve.add_argument(
+        "--internal-port", type=port, help="vLLM's own loopback port (vllm; default: a free one)."
+    )
     serve.add_argument(
         "--vllm-arg",
         action="append",
@@ -336,6 +379,12 @@ def add_parsers(sub: Any) -> None:
     )
     agent.set_defaults(handler=cmd_worker_agent_loop)
     reward = wsub.add_parser("reward", help="rl.turns → trajectories → scores → rl.scored.")
+    reward.add_argument(
+        "--tokenizer",
+        "--model",
+        dest="tokenizer",
+        help="Tokenizer (or model) directory that decodes responses (reward.tokenizer).",
+    )
     _add_metrics_port(reward)
     reward.set_defaults(handler=cmd_worker_reward)
     replay = wsub.add_parser(

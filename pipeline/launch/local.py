@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from pipeline.config import RunConfig
-from pipeline.launch.replicas import free_port
 from schemas.errors import RolloutError
+from workers.ports import free_port
 
 __all__ = [
     "STAGES",

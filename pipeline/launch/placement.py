@@ -6,12 +6,10 @@ A replica either fits inside one node (`replicas_per_node = gpus_per_node // wor
 spans whole nodes (`nodes_per_replica = world_size // gpus_per_node`); one that straddles a node
 boundary unevenly is rejected.
 
-Modes (`RolloutMode`):
-    standalone  replicas on their own GPUs (default); spare GPUs are allowed, and `num_replicas`
-                may ask for fewer than fit.
-    colocated   replicas share the trainer's GPUs in separate processes; they must tile the GPUs
-                exactly, since every trainer GPU hosts a rollout shard.
-    hybrid      the engine lives inside the trainer process; same tiling rule as colocated.
+Mode (`RolloutMode`): `standalone`, the only one: replicas on their own GPUs; spare GPUs are
+allowed, and `num_replicas` may ask for fewer than fit. Replicas that share the trainer's GPUs
+(`colocated`, or `hybrid` with the engine inside the trainer process) are not implemented:
+nothing launches them, so the config refuses those names with a line that says so.
 
 `gpus_per_node = 0` means CPU replicas (the `hf` engine): no GPU arithmetic, `world_size` must
 be 1 and `num_replicas` says how many. Pure module: no I/O, no torch.
@@ -20,8 +18,9 @@ be 1 and `num_replicas` says how many. Pure module: no I/O, no torch.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["ReplicaPlacementConfig", "RolloutMode"]
 
@@ -30,8 +29,9 @@ class RolloutMode(StrEnum):
     """Where the inference engines run relative to the trainer."""
 
     STANDALONE = "standalone"
-    COLOCATED = "colocated"
-    HYBRID = "hybrid"
+
+
+_NOT_IMPLEMENTED_MODES = frozenset({"colocated", "hybrid"})
 
 
 class ReplicaPlacementConfig(BaseModel):
@@ -40,7 +40,7 @@ class ReplicaPlacementConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: RolloutMode = Field(
-        default=RolloutMode.STANDALONE, description="standalone | colocated | hybrid."
+        default=RolloutMode.STANDALONE, description="standalone (the only mode implemented)."
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="TP degree of one replica.")
     data_parallel_size: int = Field(default=1, ge=1, description="DP degree of one replica.")
@@ -88,6 +88,13 @@ class ReplicaPlacementConfig(BaseModel):
             return 1
         return self.world_size // self.gpus_per_node
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _implemented(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in _NOT_IMPLEMENTED_MODES:
+            raise ValueError(f"rollout mode {value!r} is not implemented yet; use 'standalone'")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ReplicaPlacementConfig:
         ws = self.world_size
@@ -98,8 +105,6 @@ class ReplicaPlacementConfig(BaseModel):
                 )
             if self.num_replicas is None:
                 raise ValueError("CPU replicas (gpus_per_node=0) need num_replicas")
-            if self.mode is not RolloutMode.STANDALONE:
-                raise ValueError(f"mode {self.mode.value} needs GPUs shared with the trainer")
             return self
         if ws > self.total_gpus:
             raise ValueError(
@@ -121,14 +126,6 @@ class ReplicaPlacementConfig(BaseModel):
                 f"num_replicas {self.num_replicas} > {self.max_replicas} that fit "
                 f"({self.total_gpus} GPUs // world_size {ws})"
             )
-        if self.mode is not RolloutMode.STANDALONE:
-            if self.total_gpus % ws:
-                raise ValueError(f"{self.mode.value} replicas must tile all {self.total_gpus} GPUs")
-            if self.num_replicas not in (None, self.max_replicas):
-                raise ValueError(
-                    f"{self.mode.value} mode runs one replica per {ws} trainer GPUs: "
-                    f"num_replicas must be {self.max_replicas} (or unset)"
-                )
         return self
 
     def replica_gpus(self, index: int) -> list[tuple[int, int]]:

@@ -1,15 +1,14 @@
 """Launch `hf` replicas as local subprocesses (benchmarks, the demo, tests).
 
-Each replica is a real `python -m workers.llm.replicas.hf` process on a free loopback port;
-`LocalReplicas` waits until every one answers `/health` and stops them all on exit (SIGTERM,
-then SIGKILL), whatever happened in between, a failed start included. `wait_healthy` is that
-wait for any replica process (hf or vLLM) that someone else launched.
+Each replica is a real `rollout replica serve --backend hf` process, run by this interpreter, on
+a free loopback port; `LocalReplicas` waits until every one answers `/health` and stops them
+all on exit (SIGTERM, then SIGKILL), whatever happened in between, a failed start included.
+`wait_healthy` is that wait for any replica process (hf or vLLM) that someone else launched.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,14 +17,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LocalReplicas", "free_port", "wait_healthy"]
+from workers.ports import free_port
 
+__all__ = ["LocalReplicas", "wait_healthy"]
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface (for local replicas, brokers, tests)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+ROLLOUT = (sys.executable, "-m", "pipeline.cli.main")
+"""The `rollout` command under this interpreter (a venv's `rollout` script need not be on PATH)."""
 
 
 def healthy(url: str, timeout_s: float = 5.0, *, path: str = "/health") -> bool:
@@ -111,9 +108,11 @@ class LocalReplicas:
             self.procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "workers.llm.replicas.hf",
+                        *ROLLOUT,
+                        "replica",
+                        "serve",
+                        "--backend",
+                        "hf",
                         "--model",
                         self.model_dir,
                         "--port",
@@ -124,8 +123,6 @@ class LocalReplicas:
                         str(self.threads),
                         "--version",
                         str(self.version),
-                        "--log-level",
-                        "WARNING",
                         *self.extra_args,
                     ],
                     stdout=log,

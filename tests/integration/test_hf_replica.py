@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,9 @@ torch = pytest.importorskip("torch")
 aiohttp = pytest.importorskip("aiohttp")
 
 from pipeline.launch.replicas import wait_healthy  # noqa: E402
-from tests.conftest import REPO, free_port  # noqa: E402
+from tests.conftest import REPO, ROLLOUT  # noqa: E402
 from workers.llm.model_init import init_model  # noqa: E402
+from workers.ports import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def server(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     port = free_port()
     log = tmp_path_factory.mktemp("hf-log") / "replica.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "workers.llm.replicas.hf", "--model", str(models["a"])]
+    cmd = [*ROLLOUT, "replica", "serve", "--backend", "hf", "--model", str(models["a"])]
     cmd += ["--port", str(port), "--replica-id", "t0", "--version", str(START_VERSION)]
     cmd += ["--threads", "1", "--max-batch", str(MAX_BATCH)]
     with log.open("wb") as out:

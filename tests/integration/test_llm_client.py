@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from pipeline.launch.replicas import wait_healthy
+from tests.conftest import ROLLOUT
 from workers.llm.client import LLMClient, LLMClientConfig
 from workers.llm.exceptions import (
     BadRequestError,
@@ -35,6 +33,7 @@ from workers.llm.exceptions import (
     NoReplicaError,
     RetriesExhaustedError,
 )
+from workers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,9 +99,7 @@ class FakeReplica:
     async def start(self) -> FakeReplica:
         if not self.port:
             await self.runner.setup()
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+            self.port = free_port()
         self.killed = False
         self.site = web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True)
         await self.site.start()
@@ -496,21 +493,18 @@ def pin(client: LLMClient, reps: Sequence[FakeReplica], request_id: str) -> Fake
 
 # ---- end to end: two real `hf` CPU replicas (subprocesses) ------------------------------------
 
-HF_MISSING = importlib.util.find_spec("workers.llm.replicas.hf") is None
 GREEDY = {"max_tokens": 400, "temperature": 0.0, "ignore_eos": True}
 
 
 class HfProc:
     def __init__(self, model: Path, replica_id: str, log: Path) -> None:
         self.model, self.replica_id, self.log = model, replica_id, log
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.address = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "workers.llm.replicas.hf", "--model", str(self.model)]
+        cmd = [*ROLLOUT, "replica", "serve", "--backend", "hf", "--model", str(self.model)]
         cmd += ["--port", str(self.port), "--replica-id", self.replica_id, "--threads", "1"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("ab") as log:
@@ -591,13 +585,7 @@ async def _start_and_wait(client: LLMClient, procs: list[HfProc], rid: str) -> t
     return task, proc
 
 
-def hf_e2e(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Slow, and skipped until `workers.llm.replicas.hf` exists."""
-    fn = pytest.mark.slow(fn)
-    return pytest.mark.skipif(HF_MISSING, reason="hf replica server not built yet")(fn)
-
-
-@hf_e2e
+@pytest.mark.slow
 async def test_hf_pause_resume_and_update_weights(hf_replicas: list[HfProc]) -> None:
     async with client_for(hf_replicas) as client:
         pieces = spy_pieces(client)
@@ -618,7 +606,7 @@ async def test_hf_pause_resume_and_update_weights(hf_replicas: list[HfProc]) -> 
         assert (out.min_global_steps, out.max_global_steps) == (0, 1)
 
 
-@hf_e2e
+@pytest.mark.slow
 async def test_hf_sigkill_in_the_middle_finishes_on_the_other(hf_replicas: list[HfProc]) -> None:
     async with client_for(hf_replicas, request_timeout_s=120) as client:
         pieces = spy_pieces(client)

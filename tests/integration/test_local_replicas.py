@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch.replicas import LocalReplicas, free_port, wait_healthy
+from pipeline.launch.replicas import LocalReplicas, wait_healthy
+from workers.ports import free_port
 
 
 def test_a_start_that_times_out_stops_the_replicas(tiny_model: Path, tmp_path: Path) -> None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from pipeline.launch.local import REPO, log_tail, spawn_logged
+from workers.ports import free_port
 
 __all__ = ["StageRunner"]
 
@@ -43,9 +43,7 @@ class StageRunner:
         rendezvous) and the GPUs Ray granted it (their ids on the node)."""
         import ray
 
-        with socket.socket() as sock:
-            sock.bind(("0.0.0.0", 0))
-            port = int(sock.getsockname()[1])
+        port = free_port("0.0.0.0")
         ctx = ray.get_runtime_context()
         gpus = [str(g) for g in ray.get_gpu_ids()]
         ip = ray.util.get_node_ip_address()

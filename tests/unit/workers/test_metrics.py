@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Iterator
 
@@ -20,12 +19,7 @@ from workers.metrics import (
     TrainerMetrics,
     replica_families,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from workers.ports import free_port
 
 
 def _scrape(port: int) -> list[Sample]:
@@ -45,7 +39,7 @@ def _value(samples: list[Sample], name: str, **labels: str) -> float:
 @pytest.fixture
 def served() -> Iterator[tuple[StageMetrics, int]]:
     metrics = StageMetrics("reward")
-    port = metrics.serve(_free_port(), host="127.0.0.1")
+    port = metrics.serve(free_port(), host="127.0.0.1")
     try:
         yield metrics, port
     finally:
@@ -102,7 +96,7 @@ def test_stage_families_have_the_fixed_names_and_labels(
 
 def test_trainer_families_carry_stage_train() -> None:
     metrics = TrainerMetrics()
-    port = metrics.serve(_free_port(), host="127.0.0.1")
+    port = metrics.serve(free_port(), host="127.0.0.1")
     try:
         metrics.step({"loss": 0.25, "is_weight_mean": 0.9, "is_weight_max": 2.0}, 0.4)
         metrics.step({"loss": 0.125, "is_weight_mean": 1.0, "is_weight_max": 1.5}, 0.5)

@@ -1,10 +1,10 @@
 """The `hf` replica: an aiohttp server around `HFEngine` that serves `workers.llm.contract`.
 
-    python -m workers.llm.replicas.hf --model DIR --port P [--replica-id X] [--version V]
-        [--threads N] [--host H] [--max-batch B] [--prefix-cache-tokens T]
-
-`create_app(...)` is the async app factory (tests and in-process use); `serve(...)` runs it.
-Torch and transformers are imported only when an app is created, so `--help` is instant.
+Started by `rollout replica serve --backend hf --model DIR --port P [--threads N]
+[--max-batch B] [--prefix-cache-tokens T] ...`, the one command line (`pipeline.cli.stages`);
+this module has none of its own. `create_app(...)` is the async app factory (tests and
+in-process use); `serve(...)` runs it. Torch and transformers are imported only when an app is
+created, so importing this module is cheap.
 
 Invariants:
 - Every JSON response but `/is_paused` (whose body the contract fixes to `{"is_paused"}`)
@@ -20,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
@@ -51,7 +50,7 @@ from workers.metrics import ReplicaCounters, replica_families
 if TYPE_CHECKING:
     from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
 
-__all__ = ["create_app", "main", "serve"]
+__all__ = ["create_app", "serve"]
 
 logger = logging.getLogger("rollout.llm.replica.hf")
 
@@ -330,29 +329,3 @@ def serve(
         )
     logger.info("replica %s listening on http://%s:%d", rid, host, port)
     web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workers.llm.replicas.hf", description=__doc__)
-    parser.add_argument("--model", required=True, help="Model directory (HF format).")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--replica-id", default=None)
-    parser.add_argument("--version", type=int, default=0, help="Policy version served at start.")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads.")
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--prefix-cache-tokens", type=int, default=32768)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--log-level", default="INFO")
-    options = vars(parser.parse_args(argv))
-    logging.basicConfig(
-        level=options.pop("log_level").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    # Every other option is the `serve` parameter of the same name.
-    serve(options.pop("model"), **options)
-
-
-if __name__ == "__main__":
-    main()

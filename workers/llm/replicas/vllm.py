@@ -1,9 +1,9 @@
 """The `vllm` replica backend: launch `vllm serve` and serve the replica contract in front of it.
 
-    python -m workers.llm.replicas.vllm --model DIR --port P [--tp N --dp N --pp N] \\
-        [--vllm-python PY] [--max-model-len L --gpu-memory-utilization F ...] [-- vllm args]
-
-Arguments this parser does not know (or everything after a literal `--`) go to `vllm serve`.
+Started by `rollout replica serve --backend vllm --model DIR --port P [--tp N --dp N --pp N]
+[--vllm-python PY] [--vllm-arg ARG ...]`, the one command line (`pipeline.cli.stages`); this
+module has none of its own. The adapter runs in that process, under `rollout`'s interpreter;
+only the vLLM child runs in vLLM's environment.
 
 Process model: this process runs the aiohttp adapter (`VLLMAdapter`) on `--port` at once, so
 health checks see 503 "starting" instead of a refused connection, then starts vLLM as a child in
@@ -19,7 +19,6 @@ itself, so on Linux the child asks the kernel for SIGTERM when its parent dies
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -27,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -38,17 +36,14 @@ from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
     build_vllm_command,
     build_vllm_env,
-    free_port,
     resolve_vllm_python,
-    split_argv,
 )
+from workers.ports import free_port
 
 __all__ = [
     "BACKEND",
     "VLLMAdapter",
     "VLLMReplicaConfig",
-    "build_arg_parser",
-    "main",
     "serve",
     "serve_async",
 ]
@@ -57,57 +52,6 @@ BACKEND = "vllm"
 logger = logging.getLogger("rollout.replica.vllm")
 _KILL_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# The options not named like the `VLLMReplicaConfig` field they set (every other one is).
-_CONFIG_FIELD = {
-    "vllm_python": "python",
-    "version": "initial_version",
-    "startup_timeout": "startup_timeout_s",
-    "drain_timeout": "drain_timeout_s",
-}
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m workers.llm.replicas.vllm",
-        description="Serve the replica contract backed by a vLLM server.",
-        epilog="Unknown arguments, and all after '--', are passed to `vllm serve`.",
-    )
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--port", type=int, required=True, help="port of the contract adapter")
-    p.add_argument("--host", default="127.0.0.1", help="use 0.0.0.0 to serve other machines")
-    p.add_argument("--replica-id", default=None)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-logprobs", type=int, default=1)
-    p.add_argument("--internal-port", type=int, default=None, help="vLLM's own port")
-    p.add_argument(
-        "--vllm-python", default=None, help="interpreter with vLLM (default: .venv-vllm's)"
-    )
-    p.add_argument(
-        "--version", "--initial-version", type=int, default=0, help="policy version of --model"
-    )
-    p.add_argument("--startup-timeout", type=float, default=1200.0, help="seconds")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
-    p.add_argument("--log-level", default="INFO")
-    return p
-
-
-def config_from_args(argv: Sequence[str]) -> tuple[VLLMReplicaConfig, str]:
-    """Parse our options; what is left over becomes `extra_args` for `vllm serve`."""
-    ours, after = split_argv(argv)
-    ns, unknown = build_arg_parser().parse_known_args(ours)
-    options = {_CONFIG_FIELD.get(name, name): value for name, value in vars(ns).items()}
-    log_level = options.pop("log_level")
-    # By field name: the config forbids extra fields, so an option without one fails here.
-    config = VLLMReplicaConfig(**options, extra_args=(*unknown, *after))
-    return config, log_level
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
@@ -240,15 +184,3 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
             task.cancel()
         await _terminate(proc)
         await runner.cleanup()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    config, log_level = config_from_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return asyncio.run(serve_async(config))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

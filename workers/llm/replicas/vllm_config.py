@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,10 +43,8 @@ __all__ = [
     "VLLMReplicaConfig",
     "build_vllm_command",
     "build_vllm_env",
-    "free_port",
     "has_tokenizer",
     "resolve_vllm_python",
-    "split_argv",
 ]
 
 MANAGED_FLAGS: frozenset[str] = frozenset(
@@ -228,19 +226,3 @@ def build_vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
         [str(REPO_ROOT), *(p for p in paths if p != str(REPO_ROOT))]
     )
     return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for vLLM's internal listener)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Split at a literal `--`: what precedes is ours, what follows goes to `vllm serve`."""
-    args = list(argv)
-    if "--" in args:
-        i = args.index("--")
-        return args[:i], args[i + 1 :]
-    return args, []

@@ -56,8 +56,6 @@ def test_cpu_replicas() -> None:
         ReplicaPlacementConfig(gpus_per_node=0)
     with pytest.raises(ValidationError, match="cannot be tensor"):
         ReplicaPlacementConfig(gpus_per_node=0, num_replicas=1, tensor_parallel_size=2)
-    with pytest.raises(ValidationError, match="needs GPUs"):
-        ReplicaPlacementConfig(gpus_per_node=0, num_replicas=1, mode="hybrid")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +66,6 @@ def test_cpu_replicas() -> None:
         ({"tensor_parallel_size": 12, "nnodes": 2, "gpus_per_node": 8}, "multiple of"),
         ({"tensor_parallel_size": 2, "gpus_per_node": 8, "num_replicas": 5}, "that fit"),
         ({"tensor_parallel_size": 0}, "greater than or equal"),
-        ({"mode": "colocated", "tensor_parallel_size": 2, "num_replicas": 2}, "num_replicas must"),
         ({"tp": 2}, "Extra inputs"),
     ],
 )
@@ -77,7 +74,19 @@ def test_invalid(kwargs, match) -> None:
         ReplicaPlacementConfig(**kwargs)
 
 
-def test_modes_parse_from_strings() -> None:
-    cfg = ReplicaPlacementConfig.model_validate({"mode": "hybrid", "tensor_parallel_size": 2})
-    assert cfg.mode is RolloutMode.HYBRID and cfg.replicas == 4
-    assert {m.value for m in RolloutMode} == {"standalone", "colocated", "hybrid"}
+def test_standalone_is_the_only_mode() -> None:
+    cfg = ReplicaPlacementConfig.model_validate({"mode": "standalone", "tensor_parallel_size": 2})
+    assert cfg.mode is RolloutMode.STANDALONE and cfg.replicas == 4
+    assert [m.value for m in RolloutMode] == ["standalone"]
+
+
+@pytest.mark.parametrize("mode", ["colocated", "hybrid"])
+def test_modes_sharing_the_trainers_gpus_are_refused_as_not_implemented(mode: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ReplicaPlacementConfig(mode=mode)
+    (error,) = info.value.errors()
+    assert error["loc"] == ("mode",)
+    assert (
+        error["msg"]
+        == f"Value error, rollout mode {mode!r} is not implemented yet; use 'standalone'"
+    )

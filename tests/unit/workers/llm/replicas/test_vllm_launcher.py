@@ -1,4 +1,4 @@
-"""`python -m workers.llm.replicas.vllm` end to end on CPU, with a stand-in `vllm` package.
+"""`rollout replica serve --backend vllm` end to end on CPU, with a stand-in `vllm` package.
 
 The stand-in is written into a temporary directory put first on PYTHONPATH: its
 `vllm.entrypoints.cli.main` answers the few endpoints the launcher needs, records its argv,
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests import ROOT
+from workers.ports import free_port
 
 FAKE_MAIN = """
 import json, os, sys
@@ -59,12 +59,6 @@ web.run_app(app, host="127.0.0.1", port=port, print=None)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -91,6 +85,7 @@ def fake_vllm(tmp_path: Path) -> dict[str, str]:
         (d / "__init__.py").write_text("")
     (pkg / "main.py").write_text(FAKE_MAIN)
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a model directory, no tokenizer
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(ROOT)])
     env["FAKE_VLLM_RECORD"] = str(tmp_path / "record.json")
@@ -98,9 +93,10 @@ def fake_vllm(tmp_path: Path) -> dict[str, str]:
 
 
 def _launch(tmp_path: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "workers.llm.replicas.vllm", "--model", str(tmp_path / "model")]
-    cmd += ["--port", str(port), "--host", "127.0.0.1", "--tp", "2", "--startup-timeout", "60"]
-    cmd += ["--replica-id", "r-test", "--", "--max-num-seqs", "8"]
+    cmd = [sys.executable, "-m", "pipeline.cli.main", "replica", "serve", "--backend", "vllm"]
+    cmd += ["--model", str(tmp_path / "model"), "--vllm-python", sys.executable]
+    cmd += ["--port", str(port), "--host", "127.0.0.1", "--tp", "2", "--replica-id", "r-test"]
+    cmd += ["--vllm-arg=--max-num-seqs", "--vllm-arg=8"]
     return subprocess.Popen(cmd, env=env, cwd=tmp_path)
 
 
@@ -108,7 +104,7 @@ def _launch(tmp_path: Path, env: dict[str, str], port: int) -> subprocess.Popen[
 def test_launcher_serves_the_contract_and_stops_its_child(
     tmp_path: Path, fake_vllm: dict[str, str]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     proc = _launch(tmp_path, fake_vllm, port)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -147,7 +143,7 @@ def test_launcher_serves_the_contract_and_stops_its_child(
 @pytest.mark.slow
 def test_launcher_exits_when_vllm_fails_to_start(tmp_path: Path, fake_vllm: dict[str, str]) -> None:
     env = fake_vllm | {"FAKE_VLLM_CRASH": "1"}
-    proc = _launch(tmp_path, env, _free_port())
+    proc = _launch(tmp_path, env, free_port())
     try:
         assert proc.wait(timeout=60) == 1
     finally:
