@@ -1,0 +1,232 @@
+"""`ReplicaSync`: which policy version a replica is told to load, and when.
+
+The controller talks to its replica over the replica contract (`workers.llm.contract`):
+`GET /health` for the version served and `POST /update_weights` to load one (the replica
+pauses, loads, sets the version and resumes). `FakeReplica` serves those two endpoints on a
+loopback port from memory, so every decision is checked against what the replica was
+actually asked. Following the policy topic (`run_controller`) needs a broker:
+tests/integration/test_trainer.py::test_controller_moves_a_replica_to_the_published_version.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from schemas.events import PolicyVersion
+from workers.llm.replicas.sync import ReplicaSync
+
+
+class FakeReplica:
+    """A replica's `/health` and `/update_weights`, from memory.
+
+    `answers` queues the status of the next `/update_weights` calls (200 when empty: the
+    version is loaded); `health` overrides the `/health` body.
+    """
+
+    def __init__(self, version: int = 0) -> None:
+        self.version = version
+        self.posted: list[dict[str, Any]] = []
+        self.answers: list[int] = []
+        self.health: dict[str, Any] | None = None
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        replica = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/health":
+                    return self._send(404, {"error": {"message": "no such route"}})
+                body = replica.health or {"status": "ok", "version": replica.version, "load": 0}
+                self._send(200, body)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length))
+                if self.path != "/update_weights":
+                    return self._send(404, {"error": {"message": "no such route"}})
+                replica.posted.append(body)
+                status = replica.answers.pop(0) if replica.answers else 200
+                if status != 200:
+                    return self._send(status, {"error": {"message": f"refused with {status}"}})
+                replica.version = body["version"]
+                self._send(200, {"status": "ok", "version": replica.version})
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def replica(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeReplica]:
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    fake = FakeReplica()
+    yield fake
+    fake.stop()
+
+
+def policy(version: int) -> PolicyVersion:
+    return PolicyVersion(version=version, path=f"/ckpt/step-{version}")
+
+
+def synced(replica: FakeReplica, *versions: int) -> ReplicaSync:
+    """A controller that has read `versions` from the policy topic and the replica's health."""
+    sync = ReplicaSync(replica.url + "/", request_timeout_s=5)
+    for v in versions:
+        sync.observe(policy(v))
+    sync.refresh()
+    return sync
+
+
+# ------------------------------------------------------------------ which version
+
+
+def test_the_newest_version_seen_wins_whatever_the_order() -> None:
+    sync = ReplicaSync("http://replica")
+    assert sync.newest is None
+    events = [policy(v) for v in (3, 1, 5, 4)]
+    for event in events:
+        sync.observe(event)
+    assert sync.newest is events[2]
+    assert (sync.newest.version, sync.newest.path) == (5, "/ckpt/step-5")
+
+
+def test_nothing_is_due_before_a_version_is_seen(replica: FakeReplica) -> None:
+    sync = synced(replica)
+    assert sync.served == 0
+    assert not sync.due()
+
+
+def test_nothing_is_due_while_the_replica_does_not_answer() -> None:
+    sync = ReplicaSync("http://replica")
+    sync.observe(policy(2))
+    assert sync.served is None
+    assert not sync.due()
+
+
+@pytest.mark.parametrize(("served", "due"), [(0, True), (2, True), (3, False), (4, False)], ids=str)
+def test_due_only_when_the_newest_is_newer_than_what_is_served(
+    replica: FakeReplica, served: int, due: bool
+) -> None:
+    replica.version = served
+    sync = synced(replica, 1, 3)
+    assert sync.served == served
+    assert sync.due() is due
+
+
+# ------------------------------------------------------------------ reading /health
+
+
+def test_refresh_reads_the_served_version(replica: FakeReplica) -> None:
+    replica.version = 7
+    sync = ReplicaSync(replica.url, request_timeout_s=5)
+    assert sync.refresh() == 7
+    assert sync.served == 7
+
+
+def test_a_replica_that_went_away_serves_nothing(replica: FakeReplica) -> None:
+    sync = synced(replica, 1)
+    assert sync.served == 0
+    replica.stop()
+    assert sync.refresh() is None
+    assert sync.served is None
+    assert not sync.due()
+
+
+# ------------------------------------------------------------------ loading
+
+
+def test_apply_posts_the_newest_version_once(replica: FakeReplica) -> None:
+    sync = synced(replica, 1, 2, 3)
+    assert sync.due()
+    assert sync.apply() is True
+    # Intermediate versions are skipped: only the newest is loaded.
+    assert replica.posted == [{"path": "/ckpt/step-3", "version": 3}]
+    assert replica.version == 3
+    assert (sync.served, sync.applied) == (3, [3])
+    # Idempotent: neither a re-read of /health nor an older version makes it due again.
+    assert sync.refresh() == 3
+    sync.observe(policy(2))
+    assert not sync.due()
+    assert len(replica.posted) == 1
+
+
+def test_a_newer_version_is_loaded_after_the_first(replica: FakeReplica) -> None:
+    sync = synced(replica, 1)
+    assert sync.apply()
+    sync.observe(policy(4))
+    assert sync.due() and sync.apply()
+    assert [p["version"] for p in replica.posted] == [1, 4]
+    assert sync.applied == [1, 4] and replica.version == 4
+
+
+def test_a_replica_that_restarted_older_is_brought_back(replica: FakeReplica) -> None:
+    sync = synced(replica, 3)
+    assert sync.apply()
+    replica.version = 0  # restarted from its initial weights
+    assert sync.refresh() == 0
+    assert sync.due() and sync.apply()
+    assert [p["version"] for p in replica.posted] == [3, 3]
+    assert replica.version == 3
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_a_rejected_checkpoint_is_not_retried(replica: FakeReplica, status: int) -> None:
+    replica.answers = [status]
+    sync = synced(replica, 2)
+    assert sync.apply() is False
+    assert sync.rejected == {2}
+    assert sync.served == 0 and sync.applied == []
+    assert not sync.due()
+    # A newer version is still loaded.
+    sync.observe(policy(3))
+    assert sync.due() and sync.apply()
+    assert [p["version"] for p in replica.posted] == [2, 3]
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_a_failed_load_stays_due_and_is_retried(replica: FakeReplica, status: int) -> None:
+    replica.answers = [status]
+    sync = synced(replica, 2)
+    assert sync.apply() is False
+    assert sync.rejected == set()
+    assert sync.served == 0 and sync.applied == []
+    assert sync.due()
+    assert sync.apply() is True
+    assert [p["version"] for p in replica.posted] == [2, 2]
+    assert (sync.served, sync.applied) == (2, [2])
+
+
+def test_an_unreachable_replica_waits_for_its_health(replica: FakeReplica) -> None:
+    sync = synced(replica, 2)
+    replica.stop()
+    assert sync.apply() is False
+    assert sync.served is None and sync.rejected == set()
+    assert not sync.due()  # until /health answers again
