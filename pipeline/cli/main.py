@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from pipeline.cli import bench, chaos, data, demo, kafka, load, ray, stages, status
+from pipeline.cli import bench, chaos, config, data, demo, kafka, load, ray, stages, status
 from pipeline.cli.common import Handler, failed
 from pipeline.config import ConfigError, RunConfig, load_config, parse_overrides
 from schemas.errors import RolloutError
@@ -21,7 +21,7 @@ from workers.kafka.client_logs import route_client_logs
 
 __all__ = ["build_parser", "main"]
 
-AREAS = (kafka, data, stages, status, demo, chaos, ray, bench, load)
+AREAS = (kafka, data, stages, status, config, demo, chaos, ray, bench, load)
 
 
 def _config(args: argparse.Namespace) -> RunConfig:

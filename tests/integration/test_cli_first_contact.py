@@ -27,6 +27,7 @@ import pytest
 
 from pipeline.data.arithmetic import arithmetic_rows, write_rows
 from tests.conftest import REPO, free_port
+from workers.kafka.config import TopicsConfig
 
 BOUND_S = 20.0
 FIX_TOPICS = "`rollout topics create`"
@@ -426,26 +427,50 @@ def test_ctrl_c_while_producing_is_one_line(kafka_bootstrap, topics_config, tmp_
     assert_one_line(run, 130, "rollout: interrupted", bound_s=10)
 
 
+def _trainer_running(checkpoint_dir: Path) -> Callable[[subprocess.Popen[str]], bool]:
+    """True once the trainer's step log has its `start` record (the loop runs)."""
+    steplog = checkpoint_dir / "metrics.jsonl"
+    return lambda proc: steplog.is_file() and '"event": "start"' in steplog.read_text()
+
+
+def _torch_loading(proc: subprocess.Popen[str]) -> bool:
+    """True once the process has torch mapped (it is importing it or loading the model)."""
+    try:
+        return "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def _train_args(bootstrap: str, topics: TopicsConfig, model: Path, checkpoints: Path) -> list[str]:
+    return [
+        "--bootstrap", bootstrap,
+        "--set", f"topics.prefix={topics.prefix}",
+        "--set", f"trainer.checkpoint_dir={checkpoints}",
+        "train", "--model", str(model),
+    ]  # fmt: skip
+
+
 @pytest.mark.kafka
 def test_ctrl_c_stops_the_trainer_with_its_result(
     kafka_bootstrap, topics_config, tiny_model, tmp_path
 ) -> None:
-    args = [
-        "--bootstrap",
-        kafka_bootstrap,
-        "--set",
-        f"topics.prefix={topics_config.prefix}",
-        "--set",
-        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
-        "train",
-        "--model",
-        str(tiny_model),
-    ]
-    run = interrupt(args, after=_after(8.0))
-    assert run.code in (0, 130), run.stderr[-3000:]
-    assert run.seconds < BOUND_S and "Traceback" not in run.stderr + run.stdout
-    if run.code == 0:  # stopped by its stop event: the result comes, as at any stop
-        assert json.loads(run.stdout.splitlines()[-1])["stopped_by"] == "stop_event"
+    ck = tmp_path / "ck"
+    args = _train_args(kafka_bootstrap, topics_config, tiny_model, ck)
+    run = interrupt(args, after=_trainer_running(ck))
+    shown = f"exit {run.code} after {run.seconds:.1f}s:\n{run.stderr[-3000:]}"
+    assert run.code == 0 and run.seconds < BOUND_S, shown  # stopped by its stop event
+    assert "Traceback" not in run.stderr + run.stdout, shown
+    assert json.loads(run.stdout.splitlines()[-1])["stopped_by"] == "stop_event"
+
+
+@pytest.mark.kafka
+def test_ctrl_c_while_the_trainer_loads_its_model_is_one_line_at_once(
+    kafka_bootstrap, topics_config, tiny_model, tmp_path
+) -> None:
+    args = _train_args(kafka_bootstrap, topics_config, tiny_model, tmp_path / "ck")
+    run = interrupt(args, after=_torch_loading)
+    assert_one_line(run, 130, "rollout: interrupted", bound_s=10)
+    assert not (tmp_path / "ck" / "metrics.jsonl").exists()  # it never started its loop
 
 
 @pytest.mark.kafka
