@@ -8,7 +8,8 @@ Nothing here talks to a stage. From the cluster it reads, for the run's topic pr
 - the latest `PolicyVersion` on the (compacted) policy topic;
 - the live replicas on the (compacted) replicas topic — tombstoned ones are gone — each
   probed on `/health` for its health and the version it serves;
-- the number of dead letters.
+- the number of dead letters, and of the latest `DLQ_SCAN` of them by stage and cause
+  (`reward/duplicate_uid`: a uid produced again for another prompt).
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from kafka.errors import KafkaError
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
+from schemas.headers import DLQ_PREFIX
 from workers.kafka.clients import make_admin, make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import KafkaUnavailableError
 
-__all__ = ["consumer_lag", "pipeline_status", "render_status"]
+__all__ = ["DLQ_SCAN", "consumer_lag", "pipeline_status", "render_status"]
+
+#: Dead letters read for the count by cause (the newest ones of each partition).
+DLQ_SCAN = 10_000
 
 
 def _partitions(admin: Any, topics: list[str]) -> list[TopicPartition]:
@@ -50,17 +55,43 @@ def _offsets(admin: Any, parts: list[TopicPartition], spec: Any) -> dict[TopicPa
 
 
 def _compacted(kafka: KafkaConfig, ends: dict[TopicPartition, int]) -> dict[bytes, bytes | None]:
-    """Latest value per key of a compacted topic up to `ends` (None for a tombstone).
+    """Latest value per key of a compacted topic up to `ends` (None for a tombstone)."""
+    latest: dict[bytes, bytes | None] = {}
+
+    def keep(record: Any) -> None:
+        latest[record.key or b""] = record.value
+
+    _read(kafka, {tp: (0, end) for tp, end in ends.items()}, keep)
+    return latest
+
+
+def _dead_letter_causes(
+    kafka: KafkaConfig, ranges: dict[TopicPartition, tuple[int, int]]
+) -> dict[str, int]:
+    """`stage/cause` → dead letters of that kind among the records of `ranges`."""
+    causes: dict[str, int] = {}
+
+    def count(record: Any) -> None:
+        own = {k: bytes(v).decode("utf-8", "replace") for k, v in record.headers or []}
+        kind = f"{own.get(DLQ_PREFIX + 'stage', '?')}/{own.get(DLQ_PREFIX + 'error.cause', '?')}"
+        causes[kind] = causes.get(kind, 0) + 1
+
+    _read(kafka, ranges, count)
+    return dict(sorted(causes.items()))
+
+
+def _read(kafka: KafkaConfig, ranges: dict[TopicPartition, tuple[int, int]], each: Any) -> None:
+    """Call `each(record)` for every record of `[start, end)` of each partition.
 
     The partitions are assigned by hand, not subscribed: a subscription is only assigned
     inside a poll, and a first poll that returns before the metadata arrives (a loaded
     machine) read as an empty topic.
     """
-    if not any(ends.values()):
-        return {}
-    topics = sorted({tp.topic for tp in ends})
+    ranges = {tp: (start, end) for tp, (start, end) in ranges.items() if end > start}
+    if not ranges:
+        return
+    topics = sorted({tp.topic for tp in ranges})
     consumer = make_consumer(kafka, group_id=None, name="status")
-    latest: dict[bytes, bytes | None] = {}
     deadline = time.monotonic() + 30
 
     def behind(tp: TopicPartition, end: int) -> bool:
@@ -69,19 +100,20 @@ def _compacted(kafka: KafkaConfig, ends: dict[TopicPartition, int]) -> dict[byte
         return position is None or position < end
 
     try:
-        consumer.assign(list(ends))
-        consumer.seek_to_beginning()
-        while any(behind(tp, end) for tp, end in ends.items()):
+        consumer.assign(list(ranges))
+        for tp, (start, _end) in ranges.items():
+            consumer.seek(tp, start)
+        while any(behind(tp, end) for tp, (_start, end) in ranges.items()):
             if time.monotonic() > deadline:
                 raise KafkaUnavailableError(f"reading {topics} to its end took over 30 s")
             for records in consumer.poll(timeout_ms=200).values():
                 for record in records:
-                    latest[record.key or b""] = record.value
+                    if record.offset < ranges[TopicPartition(record.topic, record.partition)][1]:
+                        each(record)
     except KafkaError as exc:
         raise KafkaUnavailableError(f"reading {topics}: {exc}") from exc
     finally:
         consumer.close()
-    return latest
 
 
 def _group_id(listed: Any) -> str:
@@ -206,6 +238,11 @@ def pipeline_status(
                 }
             )
     dlq = topics.name("dlq")
+    dead = {
+        tp: (max(earliest.get(tp, 0), end - DLQ_SCAN), end)
+        for tp, end in ends.items()
+        if tp.topic == dlq
+    }
     return {
         "bootstrap": kafka.bootstrap,
         "prefix": topics.prefix,
@@ -216,6 +253,7 @@ def pipeline_status(
         "policy_version": version,
         "replicas": replicas,
         "dlq_count": sum(v for tp, v in ends.items() if tp.topic == dlq) - sum(earliest.values()),
+        "dlq_causes": _dead_letter_causes(kafka, dead),
     }
 
 
@@ -248,4 +286,9 @@ def render_status(status: dict[str, Any]) -> Any:
             str(rep["healthy"]),
             str(rep["version"]),
         )
-    return Group(lag, rates, reps)
+    causes = Table(title="dead letters by stage/cause (the newest)")
+    for column in ("stage/cause", "count"):
+        causes.add_column(column)
+    for kind, count in status.get("dlq_causes", {}).items():
+        causes.add_row(kind, str(count))
+    return Group(lag, rates, reps, causes)

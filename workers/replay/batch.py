@@ -4,7 +4,9 @@
 
 1. decodes each sample (undecodable, wrong kind or key ≠ uid → `rl.dlq`) and adds it to its
    group (`state` has the table layout); a sample index already in the group is a duplicate,
-   a new one arriving after its group was finished is counted as late;
+   a new one arriving after its group was finished is counted as late, and a sample of
+   another prompt under the group's uid (its `prompt_digest` differs) goes to `rl.dlq` with
+   cause `duplicate_uid`;
 2. sweeps the open groups of the owned partitions: EMITTING ones (left by a crash) are looked
    up on their output partition (`ledger`): found → DONE, missing → judged again; complete
    ones, and those past `group_timeout_s` since their first sample, are judged
@@ -36,7 +38,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from schemas.codec import decode_as, encode, headers_for
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, DuplicateUidError
 from schemas.events import ScoredTrajectory
 from schemas.headers import STALENESS
 from schemas.stale import drop_headers
@@ -125,7 +127,10 @@ class GroupProcessor:
                 self.stats.add("decode_errors")
                 pending.append(await self._dead_letter(message, exc))
                 continue
-            self._add(sample, message.value, message.partition, now, fresh, changed)
+            clash = self._add(sample, message.value, message.partition, now, fresh, changed)
+            if clash is not None:
+                self.stats.add("duplicate_uid")
+                pending.append(await self._dead_letter(message, clash))
 
         finish = [
             s
@@ -172,24 +177,32 @@ class GroupProcessor:
         now: float,
         fresh: dict[str, dict[int, bytes]],
         changed: dict[str, GroupState],
-    ) -> None:
+    ) -> DuplicateUidError | None:
+        """Add one sample to its group; a sample of another prompt under the group's uid is
+        returned as the error to dead-letter it with, and changes nothing."""
         uid, index = sample.uid, sample.sample_index
         state = self._open.get(uid) or self.table.load(uid)
         if state is None:
             # The prompt's own n travels with its samples; config n for producers that omit it.
             expected = sample.group_size or self.config.n
             state = GroupState(uid=uid, partition=partition, first_seen=now, expected=expected)
+        given = sample.prompt_digest
+        if state.digest is not None and given is not None and given != state.digest:
+            return DuplicateUidError(uid, state.digest, given, f"group {uid} ({state.status})")
         if state.unfinished:
             self._open[uid] = state
+        if state.digest is None and given is not None:
+            state.digest = given
+            changed[uid] = state
         if index in state.indices:
             self.stats.add("duplicates")
-            return
+            return None
         if state.status != "pending":
             self.stats.add("late_samples")
             log.warning(
                 "late sample %s: its group is already %s", sample.trajectory_id, state.status
             )
-            return
+            return None
         if index >= state.expected:
             self.stats.add("beyond_n")
         if partition != state.partition:
@@ -197,6 +210,7 @@ class GroupProcessor:
         state.indices.append(index)
         fresh.setdefault(uid, {})[index] = bytes(raw)
         changed[uid] = state
+        return None
 
     async def _resolve_emitting(self, finish: list[GroupState]) -> list[GroupState]:
         """EMITTING groups (left by a crash): DONE if their output is there, else judged again."""
@@ -289,5 +303,5 @@ class GroupProcessor:
             headers=headers,
         )
 
-    async def _dead_letter(self, message: Any, exc: DecodeError) -> Any:
+    async def _dead_letter(self, message: Any, exc: DecodeError | DuplicateUidError) -> Any:
         return await self.letters.send_record(message, exc, cause=exc.cause)

@@ -15,7 +15,9 @@ tombstone when the group is DONE. A header's lifecycle:
 
 Invariants: a header lists in `indices` only samples whose bytes were written to the
 changelog before it (same changelog partition, one idempotent producer, so order holds);
-a DONE header is kept (small) so later duplicates of its uid are recognised.
+a DONE header is kept (small) so later duplicates of its uid are recognised, and so is the
+prompt's content digest: a sample of another prompt under the same uid is told apart from a
+redelivery (`duplicate_uid`) whatever the group's status.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class GroupState:
     out_partition: int | None = None  # EMITTING: partition of the output topic
     since: int | None = None  # EMITTING: that partition's end offset before producing
     outcome: str | None = None  # DONE: the verdict that was produced
+    digest: str | None = None  # the prompt's `content_digest`, from its samples (kept when DONE)
 
     @property
     def complete(self) -> bool:
@@ -96,6 +99,7 @@ class GroupState:
             "op": self.out_partition,
             "since": self.since,
             "out": self.outcome,
+            "d": self.digest,
         }
         return _MAGIC + orjson.dumps(body)
 
@@ -115,4 +119,5 @@ class GroupState:
             out_partition=body.get("op"),
             since=body.get("since"),
             outcome=body.get("out"),
+            digest=body.get("d"),
         )

@@ -7,6 +7,8 @@
 2. takes the trajectories that became complete: one already on `rl.scored` since the
    recovery point (`recovered`, after a crash) is only marked DONE; the others are
    assembled and scored, concurrently (`dispatch`);
+   Turn 0 of another prompt under a uid the stage holds (`duplicate_uid`) goes to `rl.dlq`
+   with that cause;
 3. sends every changed unfinished state to the changelog, each output to `rl.scored` (key
    uid, header `rl.trajectory_id`) and each dead letter to `rl.dlq`, and marks their
    trajectories DONE in memory, so later batches drop their turns;
@@ -53,7 +55,7 @@ from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, DuplicateUidError
 from schemas.events import ScoredTrajectory, TurnEvent
 from schemas.headers import TRAJECTORY_ID
 from workers.kafka.changelog import ChangelogTable
@@ -211,6 +213,10 @@ class TurnProcessor:
             state, outcome = apply_turn(states[key], turn, record.value)
             states[key] = state
             self.stats.add(outcome)
+            if outcome == "duplicate_uid":
+                where = f"trajectory {turn.trajectory_id}"
+                exc = DuplicateUidError(turn.uid, state.digest, turn.prompt_digest, where)
+                acks.append(await self._send_letter(record_letter(record, exc)))
             if outcome in _CHANGES:
                 dirty.add(key)
             if outcome == "complete":

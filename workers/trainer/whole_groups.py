@@ -1,0 +1,122 @@
+"""Whole groups out of `rl.scored`, handed out so that a consumer's positions stay exact.
+
+GRPO's advantage of a sample is its reward against the other samples of its prompt, so a
+batch computed over half a group is silently wrong. `rl.scored` is keyed by uid, so every
+sample of a group lies on one partition, but groups interleave there (many prompts are
+generated at once). `WholeGroups` holds scored trajectories until their group is whole
+(`group_size` distinct sample indexes) and releases them by *prefix*: per partition, the
+longest run of records from the oldest held one on in which every group is whole and lies
+wholly inside the run. So when a group is released, every record before its last one has
+been released too, and the partition's position (the offset after the run) passes no record
+that was not handed out: storing positions with what was built from the released groups and
+resuming there still gives every record once, none skipped.
+
+A group that never becomes whole (a sample dead-lettered upstream, a worker that gave up)
+would block its partition: after `group_timeout_s` since its first sample it is released as
+it is and counted in `partial_groups` (its reader is told; see `TrajectoryConsumer.batches`).
+A record of a sample index already in its group (an upstream redelivery) is released with
+the group and counted in `duplicates`, but not handed out twice. A trajectory without
+`group_size` is a group of one. Pure logic: no Kafka, no clock of its own (`now` is given).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Released", "WholeGroups"]
+
+
+@dataclass
+class _Group:
+    size: int
+    started: float
+    samples: dict[int, Any] = field(default_factory=dict)
+    records: int = 0  # records of this group held (duplicates included)
+    timed_out: bool = False
+
+    @property
+    def closed(self) -> bool:
+        return len(self.samples) >= self.size or self.timed_out
+
+
+@dataclass
+class Released:
+    """What one `take` releases: whole (or timed-out) groups, in release order, and the
+    position after the released run of each partition that released anything."""
+
+    groups: list[list[Any]] = field(default_factory=list)
+    positions: dict[Any, int] = field(default_factory=dict)
+
+
+class WholeGroups:
+    """Hold scored trajectories; release whole groups by prefix (see the module docstring)."""
+
+    def __init__(self, group_timeout_s: float | None = None) -> None:
+        self.group_timeout_s = group_timeout_s
+        self.partial_groups = 0
+        self.duplicates = 0
+        self._runs: dict[Any, deque[tuple[int, str]]] = {}  # partition → (next offset, uid)
+        self._groups: dict[str, _Group] = {}
+
+    def add(self, partition: Any, next_offset: int, event: Any, now: float) -> None:
+        """One record of `partition` (`next_offset`: the offset after it) holding `event`."""
+        group = self._groups.get(event.uid)
+        if group is None:
+            group = _Group(size=event.group_size or 1, started=now)
+            self._groups[event.uid] = group
+        if event.sample_index in group.samples:
+            self.duplicates += 1
+        else:
+            group.samples[event.sample_index] = event
+        group.records += 1
+        self._runs.setdefault(partition, deque()).append((next_offset, event.uid))
+
+    @property
+    def held(self) -> int:
+        """Groups held, not yet released."""
+        return len(self._groups)
+
+    def take(self, now: float) -> Released:
+        """Release every group that can go now (timing out the ones past `group_timeout_s`)."""
+        if self.group_timeout_s is not None:
+            for group in self._groups.values():
+                if not group.closed and now - group.started >= self.group_timeout_s:
+                    group.timed_out = True
+        out = Released()
+        for partition, run in self._runs.items():
+            cut, position = self._longest_whole_prefix(run)
+            if not cut:
+                continue
+            released: list[str] = []
+            for _ in range(cut):
+                _, uid = run.popleft()
+                if uid not in released:
+                    released.append(uid)
+            for uid in released:
+                group = self._groups.pop(uid)
+                self.partial_groups += group.timed_out and len(group.samples) < group.size
+                out.groups.append([group.samples[i] for i in sorted(group.samples)])
+            out.positions[partition] = position
+        return out
+
+    def _longest_whole_prefix(self, run: deque[tuple[int, str]]) -> tuple[int, int]:
+        """(records, position after them) of the longest prefix of `run` in which every
+        group is closed and has all its held records inside the prefix; (0, -1) if none."""
+        seen: dict[str, int] = {}
+        unfinished = 0  # groups in the prefix not closed or with records after it
+        best = (0, -1)
+        for i, (next_offset, uid) in enumerate(run):
+            group = self._groups[uid]
+            count = seen.get(uid, 0) + 1
+            if count == 1:
+                unfinished += 1
+            seen[uid] = count
+            if count == group.records and group.closed:
+                unfinished -= 1
+            if not group.closed:
+                break  # this prefix, and every longer one, holds an open group
+            if unfinished == 0:
+                best = (i + 1, next_offset)
+        return best
