@@ -226,6 +226,17 @@ class ScoredTrajectory(EventBase):
     )
     extra_fields: ExtraFields
 
+    @property
+    def min_global_steps(self) -> int:
+        """The oldest policy version of the trajectory (verl keeps it in `extra_fields`; here
+        it reads as on `TurnEvent` and `TrainingGroup`)."""
+        return self.extra_fields.min_global_steps
+
+    @property
+    def max_global_steps(self) -> int:
+        """The newest policy version of the trajectory (see `min_global_steps`)."""
+        return self.extra_fields.max_global_steps
+
     @model_validator(mode="after")
     def _consistent(self) -> ScoredTrajectory:
         if self.trajectory_id != trajectory_id(self.uid, self.sample_index):

@@ -102,3 +102,33 @@ def test_scored_items_grpo_advantages_and_dead_letters(
         assert src.positions()[f"{topic}:0"] == 4
     dead = read_all(kafka_config, topics_config.name("dlq"), timeout_s=2.0)
     assert len(dead) == 2
+
+
+def test_grpo_batches_over_scored_hand_out_only_whole_groups(
+    kafka_config: KafkaConfig, topics_config: TopicsConfig
+) -> None:
+    """Groups interleave on `rl.scored`; a batch of 2 holds two whole groups (never two
+    halves), an incomplete group is not handed out, and the position stops before it."""
+    topic = topics_config.name("scored")
+    order = [("a", 0, 1.0), ("b", 0, 1.0), ("b", 1, 0.0), ("a", 1, 0.0), ("c", 0, 1.0)]
+    producer = make_producer(kafka_config, name="test-scored")
+    try:
+        for uid, i, score in order:
+            item = _traj(uid, i, score).model_copy(update={"group_size": 2})
+            producer.send(
+                topic, key=uid, value=encode(item), headers=headers_for(item), partition=0
+            ).get(30)
+    finally:
+        producer.close()
+    with TrajectoryConsumer(
+        kafka_config, topics_config, topic="scored", group_id=None, assign=True
+    ) as src:
+        batches = list(src.batches(2, max_wait_s=3.0, advantages="grpo"))
+        assert len(batches) == 1
+        (batch,) = batches
+        assert sorted(batch.trajectory_ids) == ["a/0", "a/1", "b/0", "b/1"]
+        adv = {t: batch["advantages"][k, 0].item() for k, t in enumerate(batch.trajectory_ids)}
+        assert adv["a/0"] == pytest.approx(-adv["a/1"]) and adv["a/0"] > 0  # within its group
+        # c/0 (offset 4) is held: the position stops before it, so nothing is skipped
+        assert src.positions()[f"{topic}:0"] == 4
+        assert src.partial_groups == 1

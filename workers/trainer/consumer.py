@@ -123,6 +123,10 @@ class TrajectoryConsumer:
         self._producer: KafkaProducer | None = None
         self._buffer: deque[tuple[TopicPartition, int, Item | None]] = deque()
         self._positions: dict[TopicPartition, int] = {}
+        # Partitions whose records are held back (whole GRPO groups): the position reported
+        # stays here until they are handed out (`whole_groups.grpo_batches`).
+        self._hold: dict[TopicPartition, int] = {}
+        self.partial_groups = 0  # GRPO groups handed out (or left) incomplete
         self._pending: dict[TopicPartition, int] = {}
         self._state = _State.OPEN
         self.handed_out = 0
@@ -193,15 +197,25 @@ class TrajectoryConsumer:
         max_wait_s: float | None = None,
         pad_token_id: int = 0,
         advantages: Literal["zero", "grpo"] = "zero",
+        group_timeout_s: float | None = 600.0,
     ) -> Iterator[TrajectoryBatch]:
         """Padded batches of `size` events (groups for replay, trajectories for scored).
 
         With `max_wait_s`, ends (after yielding what it holds as a last, smaller batch) once
         no event arrived for that long; without, it blocks for ever. `advantages` applies to
-        scored trajectories only: 'zero' or 'grpo' (`batching.grpo_advantages` per batch).
+        scored trajectories only: 'zero', or 'grpo' — then a batch holds at least `size`
+        *whole groups* (`whole_groups.grpo_batches`: a GRPO advantage over part of a group is
+        wrong), a group incomplete after `group_timeout_s` is handed out as it is, and one
+        still incomplete when the stream ends is not handed out at all; both are counted in
+        `partial_groups` and said in a warning.
         """
         if size < 1:
             raise ValueError("size must be >= 1")
+        if advantages == "grpo" and self.kind is ScoredTrajectory:
+            from workers.trainer.whole_groups import grpo_batches
+
+            yield from grpo_batches(self, size, max_wait_s, group_timeout_s, pad_token_id)
+            return
         events: list[Any] = []
         while True:
             event = self.next(max_wait_s if max_wait_s is not None else 1.0)
@@ -227,7 +241,10 @@ class TrajectoryConsumer:
 
     def positions(self) -> dict[str, int]:
         """`"topic:partition"` → offset after the last record handed out (JSON-ready)."""
-        return {position_key(tp.topic, tp.partition): off for tp, off in self._positions.items()}
+        return {
+            position_key(tp.topic, tp.partition): min(off, self._hold.get(tp, off))
+            for tp, off in self._positions.items()
+        }
 
     def seek(self, positions: Mapping[str, int]) -> None:
         """Continue each partition at its offset (now if assigned, else once it is)."""
@@ -251,11 +268,8 @@ class TrajectoryConsumer:
         positions its last checkpoint covers, not records it holds but has not trained).
         """
         self._check_open()
-        chosen = {_parse_key(k): int(v) for k, v in positions.items()} if positions else None
-        offsets = {
-            tp: OffsetAndMetadata(off, "", -1)
-            for tp, off in (chosen if chosen is not None else self._positions).items()
-        }
+        chosen = {_parse_key(k): int(v) for k, v in (positions or self.positions()).items()}
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in chosen.items()}
         if offsets:
             try:
                 self._consumer.commit(offsets)

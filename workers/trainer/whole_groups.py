@@ -9,23 +9,34 @@ longest run of records from the oldest held one on in which every group is whole
 wholly inside the run. So when a group is released, every record before its last one has
 been released too, and the partition's position (the offset after the run) passes no record
 that was not handed out: storing positions with what was built from the released groups and
-resuming there still gives every record once, none skipped.
+resuming there still gives every record once, none skipped (`grpo_batches` is that reader).
 
 A group that never becomes whole (a sample dead-lettered upstream, a worker that gave up)
-would block its partition: after `group_timeout_s` since its first sample it is released as
-it is and counted in `partial_groups` (its reader is told; see `TrajectoryConsumer.batches`).
+blocks every group whose records straddle it (exact positions cannot pass it): after
+`group_timeout_s` since its first sample it is released as it is and counted in
+`partial_groups` (its reader is told; see `TrajectoryConsumer.batches`). That is the price
+of positions that resume exactly; the replay stage, which keeps its groups in a changelog
+instead, has no such head-of-line wait.
 A record of a sample index already in its group (an upstream redelivery) is released with
 the group and counted in `duplicates`, but not handed out twice. A trajectory without
-`group_size` is a group of one. Pure logic: no Kafka, no clock of its own (`now` is given).
+`group_size` is a group of one. `WholeGroups` is pure logic: no Kafka, no clock of its own
+(`now` is given).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Released", "WholeGroups"]
+from kafka import TopicPartition
+
+__all__ = ["Released", "WholeGroups", "grpo_batches"]
+
+log = logging.getLogger("rollout.trainer.consumer")
 
 
 @dataclass
@@ -78,6 +89,15 @@ class WholeGroups:
         """Groups held, not yet released."""
         return len(self._groups)
 
+    @property
+    def incomplete(self) -> int:
+        """Groups held that are not whole (the rest wait behind one of them)."""
+        return sum(not group.closed for group in self._groups.values())
+
+    def holds(self, partition: Any) -> bool:
+        """Whether any record of `partition` is still held."""
+        return bool(self._runs.get(partition))
+
     def take(self, now: float) -> Released:
         """Release every group that can go now (timing out the ones past `group_timeout_s`)."""
         if self.group_timeout_s is not None:
@@ -120,3 +140,64 @@ class WholeGroups:
             if unfinished == 0:
                 best = (i + 1, next_offset)
         return best
+
+
+def grpo_batches(
+    consumer: Any,
+    size: int,
+    max_wait_s: float | None,
+    group_timeout_s: float | None,
+    pad_token_id: int,
+) -> Iterator[Any]:
+    """`TrajectoryConsumer.batches(size, advantages="grpo")` over `rl.scored`: batches of at
+    least `size` whole groups with their GRPO advantages.
+
+    A batch is made of whole released runs (so it may hold a few more than `size` groups when
+    groups finish together): its partitions' positions then move to the end of those runs,
+    and, until then, a partition with records held back reports the position of its first
+    one (`consumer._hold`), so `positions()` and `commit()` never pass a record not handed
+    out.
+    """
+    from workers.trainer.batching import collate, grpo_advantages
+
+    held = WholeGroups(group_timeout_s)
+    ready: list[list[Any]] = []
+    ready_positions: dict[Any, int] = {}
+
+    def batch() -> Any:
+        samples = [s for group in ready for s in group]
+        adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
+        for partition, position in ready_positions.items():
+            if held.holds(partition):
+                consumer._hold[partition] = position
+            else:
+                consumer._hold.pop(partition, None)
+        ready.clear()
+        ready_positions.clear()
+        return collate(samples, adv, pad_token_id=pad_token_id)
+
+    while True:
+        item = consumer.next_item(max_wait_s if max_wait_s is not None else 1.0)
+        now = time.monotonic()
+        if item is not None:
+            partition = TopicPartition(item.topic, item.partition)
+            consumer._hold.setdefault(partition, item.offset)
+            held.add(partition, item.offset + 1, item.event, now)
+        released = held.take(now)
+        ready.extend(released.groups)
+        ready_positions.update(released.positions)
+        consumer.partial_groups = held.partial_groups
+        if len(ready) >= size or (item is None and max_wait_s is not None and ready):
+            yield batch()
+        if item is None and max_wait_s is not None:
+            if held.held:
+                consumer.partial_groups += held.incomplete
+                log.warning(
+                    "%d groups not handed out after %.1f s without a record, %d of them "
+                    "incomplete (the others lie behind one): positions stop before their "
+                    "first sample, so a later read resumes there",
+                    held.held,
+                    max_wait_s,
+                    held.incomplete,
+                )
+            return

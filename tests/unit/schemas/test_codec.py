@@ -182,3 +182,32 @@ def test_int_fields_refuse_floats() -> None:
             min_global_steps=0,
             max_global_steps=0,
         )
+
+
+def test_every_event_reads_its_versions_the_same_way() -> None:
+    from schemas.events import ExtraFields, ScoredTrajectory, TrainingGroup
+
+    scored = ScoredTrajectory(
+        uid="u",
+        trajectory_id="u/0",
+        sample_index=0,
+        attempt_id="a",
+        data_source="d",
+        prompt_ids=[1],
+        response_ids=[2],
+        response_mask=[1],
+        response_logprobs=[-0.5],
+        num_turns=2,
+        reward_score=1.0,
+        extra_fields=ExtraFields(min_global_steps=3, max_global_steps=5),
+    )
+    group = TrainingGroup(
+        uid="u",
+        samples=[scored],
+        advantages=[0.0],
+        min_global_steps=3,
+        max_global_steps=5,
+        emitted_at_version=5,
+    )
+    for event in (scored, group):
+        assert (event.min_global_steps, event.max_global_steps) == (3, 5)
