@@ -30,8 +30,8 @@ test-unit: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check schemas pipeline workers tests
-	$(VENV)/bin/ruff format --check schemas pipeline workers tests
+	$(VENV)/bin/ruff check schemas pipeline workers tests examples
+	$(VENV)/bin/ruff format --check schemas pipeline workers tests examples
 
 # BACKEND=vllm: the replicas are vLLM on the CPU (builds .venv-vllm first).
 BACKEND ?= hf
