@@ -71,11 +71,25 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
         "tp": args.tp,
         "dp": args.dp,
         "pp": args.pp,
-        "dtype": args.dtype,
+        "dtype": _serving_dtype(args.dtype, cfg.trainer.precision),
         "internal_port": args.internal_port,
         "extra_args": tuple(args.vllm_arg),
         "python": args.vllm_python or cfg.vllm.python,
     }
+
+
+#: trainer.precision → the vLLM dtype whose logprobs the trainer recomputes.
+_DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _serving_dtype(given: str | None, precision: str) -> str:
+    """`--dtype`, else the trainer's precision; said in one line either way."""
+    import sys
+
+    dtype = given or _DTYPE_OF_PRECISION[precision]
+    why = "--dtype" if given else f"trainer.precision={precision}; --dtype to change"
+    print(f"rollout: vLLM serves in {dtype} ({why})", file=sys.stderr)
+    return dtype
 
 
 def _require_free_port(host: str, port: int) -> None:
@@ -330,7 +344,11 @@ def add_parsers(sub: Any) -> None:
         metavar="PY",
         help="Interpreter with vLLM (vllm.python; default .venv-vllm/bin/python if present).",
     )
-    serve.add_argument("--dtype", default="auto", help="Weights dtype, e.g. float32 (vllm).")
+    serve.add_argument(
+        "--dtype",
+        help="Weights dtype, e.g. bfloat16 (vllm; default: the trainer's precision, so the "
+        "replica's logprobs are the trainer's).",
+    )
     serve.add_argument(
         "--internal-port", type=port, help="vLLM's own loopback port (vllm; default: a free one)."
     )

@@ -129,6 +129,7 @@ class Replica:
             sys.executable,
             "-m",
             "pipeline.cli.main",
+            "-v",  # vLLM's own output into `log` too, not only its file
             "replica",
             "serve",
             "--backend",

@@ -5,6 +5,7 @@ RolloutError                        (schemas.errors)
     │                               the client's view of a failing replica is
     │                               workers.llm.exceptions.ReplicaError)
     ├── BackendUnavailableError     unknown backend name, or its module failed to import
+    ├── ReplicaStartError           the engine process did not start (its root cause said)
     ├── InvalidRequestError         a request the replica will not serve (→ HTTP 400)
     ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
     │                               the live weights and version are left unchanged
@@ -20,6 +21,7 @@ __all__ = [
     "BackendUnavailableError",
     "EngineClosedError",
     "InvalidRequestError",
+    "ReplicaStartError",
     "WeightLoadError",
 ]
 
@@ -35,6 +37,10 @@ class BackendUnavailableError(BackendError):
         super().__init__(f"replica backend {name!r} unavailable: {reason}")
         self.name = name
         self.reason = reason
+
+
+class ReplicaStartError(BackendError):
+    """The engine behind a replica (vLLM) exited or never became healthy while starting."""
 
 
 class InvalidRequestError(BackendError):

@@ -15,6 +15,11 @@ itself, so on Linux the child asks the kernel for SIGTERM when its parent dies
 `vllm`: only the child does, in the interpreter `--vllm-python` names (see
 `resolve_vllm_python`); one that does not exist or has no `vllm` raises
 `BackendUnavailableError` before anything starts.
+
+vLLM's output goes to a log file (`log_file`, default `$TMPDIR/rollout-vllm-<replica>.log`,
+named at start), and to stderr too under `rollout -v`; a vLLM that fails to start raises
+`ReplicaStartError` with the one line that says why (`vllm_output.root_cause`), not its
+traceback.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from workers.llm.replicas.exceptions import BackendUnavailableError
+from workers.llm.replicas.exceptions import BackendUnavailableError, ReplicaStartError
 from workers.llm.replicas.vllm_adapter import VLLMAdapter
 from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
@@ -38,6 +46,7 @@ from workers.llm.replicas.vllm_config import (
     build_vllm_env,
     resolve_vllm_python,
 )
+from workers.llm.replicas.vllm_output import relay, root_cause
 from workers.ports import free_port
 
 __all__ = [
@@ -52,6 +61,7 @@ BACKEND = "vllm"
 logger = logging.getLogger("rollout.replica.vllm")
 _KILL_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_TAIL_LINES = 400  # of vLLM's output, searched for the root cause of a failed start
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
@@ -90,6 +100,11 @@ def serve(
         **options,
     )
     return asyncio.run(serve_async(config))
+
+
+def _default_log(replica_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in replica_id)
+    return os.path.join(tempfile.gettempdir(), f"rollout-vllm-{safe}.log")
 
 
 def _dies_with(parent: int) -> Any:
@@ -137,6 +152,9 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
     cmd = build_vllm_command(config, internal_port=internal_port, python=python)
+    log_path = Path(config.log_file or _default_log(adapter.replica_id))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"rollout: vLLM's output goes to {log_path}", file=sys.stderr)
     logger.info(
         "replica %s: adapter on %s:%d, starting vLLM (world size %d) on port %d: %s",
         adapter.replica_id,
@@ -147,8 +165,18 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         " ".join(cmd),
     )
     proc = await asyncio.create_subprocess_exec(
-        *cmd, env=build_vllm_env(), start_new_session=True, preexec_fn=_dies_with(os.getpid())
+        *cmd,
+        env=build_vllm_env(),
+        start_new_session=True,
+        preexec_fn=_dies_with(os.getpid()),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
+    tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    log_file = log_path.open("ab")
+    echo = sys.stderr.buffer if logger.isEnabledFor(logging.INFO) else None  # rollout -v
+    assert proc.stdout is not None
+    relaying = asyncio.create_task(relay(proc.stdout, log_file, tail, echo))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,8 +191,10 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         if stopped.done():
             return 0
         if not ready.result():
-            logger.error("vLLM did not become healthy (exit status %s)", proc.returncode)
-            return 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(relaying), 5.0)  # the last lines
+            why = root_cause(tail) or f"exit status {proc.returncode}"
+            raise ReplicaStartError(f"vLLM did not start: {why} (its whole output: {log_path})")
         logger.info(
             "replica %s ready: model=%s max_model_len=%d version=%d",
             adapter.replica_id,
@@ -183,4 +213,6 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         for task in (ready, stopped, exited):
             task.cancel()
         await _terminate(proc)
+        relaying.cancel()
+        log_file.close()
         await runner.cleanup()

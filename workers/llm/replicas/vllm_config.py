@@ -108,7 +108,11 @@ class VLLMReplicaConfig(BaseModel):
         default=None, gt=0.0, le=1.0, description="GPU memory share for vLLM (None: its default)."
     )
     enforce_eager: bool = Field(default=False, description="No CUDA graphs: faster start.")
-    dtype: str = Field(default="auto", description="vLLM --dtype.")
+    dtype: str = Field(
+        default="float32",
+        description="vLLM --dtype: the trainer's precision by default (`rollout replica serve` "
+        "derives it), so the replica's logprobs are the ones the trainer recomputes.",
+    )
     max_logprobs: int = Field(default=1, ge=0, description="vLLM --max-logprobs.")
     skip_tokenizer_init: bool | None = Field(
         default=None, description="None: skip when the model directory has no tokenizer."
@@ -126,6 +130,10 @@ class VLLMReplicaConfig(BaseModel):
     )
     python: str | None = Field(
         default=None, description="Interpreter that runs vLLM (None: `resolve_vllm_python`)."
+    )
+    log_file: str | None = Field(
+        default=None,
+        description="Where vLLM's output goes (None: $TMPDIR/rollout-vllm-<replica id>.log).",
     )
     extra_args: tuple[str, ...] = Field(
         default=(), description="Further `vllm serve` arguments, passed through verbatim."
@@ -216,11 +224,25 @@ def build_vllm_command(
     return cmd
 
 
+def cpu_kv_cache_gib(mem_total_bytes: int | None = None) -> int:
+    """The KV cache a CPU vLLM gets unless told (`VLLM_CPU_KVCACHE_SPACE`, GiB): a sixteenth
+    of the host's memory, 1 to 8 GiB. Without it vLLM sizes the cache from its GPU default
+    (`--gpu-memory-utilization 0.92`), which on a CPU asks for 92% of the host and fails."""
+    if mem_total_bytes is None:
+        try:
+            mem_total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return 1
+    return max(1, min(8, mem_total_bytes // (16 << 30)))
+
+
 def build_vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc) and
-    this checkout first on PYTHONPATH (for the worker extension)."""
+    """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc), this
+    checkout first on PYTHONPATH (for the worker extension), and a CPU KV cache that fits the
+    host unless one is set (a GPU build ignores the variable)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib()))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *(p for p in paths if p != str(REPO_ROOT))]

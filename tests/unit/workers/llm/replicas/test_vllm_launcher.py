@@ -35,6 +35,12 @@ record = {"argv": args, "pid": os.getpid(), "dev": os.environ.get("VLLM_SERVER_D
 with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
     json.dump(record, f)
 if os.environ.get("FAKE_VLLM_CRASH"):
+    print("(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700] Traceback (most recent")
+    print("(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700] ValueError: no room for"
+          " the KV cache", file=sys.stderr)
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("RuntimeError: Engine core initialization failed. See root cause above.",
+          file=sys.stderr)
     sys.exit(3)
 
 async def health(_r):
@@ -92,12 +98,14 @@ def fake_vllm(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _launch(tmp_path: Path, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+def _launch(
+    tmp_path: Path, env: dict[str, str], port: int, **popen: Any
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "pipeline.cli.main", "replica", "serve", "--backend", "vllm"]
     cmd += ["--model", str(tmp_path / "model"), "--vllm-python", sys.executable]
     cmd += ["--port", str(port), "--host", "127.0.0.1", "--tp", "2", "--replica-id", "r-test"]
     cmd += ["--vllm-arg=--max-num-seqs", "--vllm-arg=8"]
-    return subprocess.Popen(cmd, env=env, cwd=tmp_path)
+    return subprocess.Popen(cmd, env=env, cwd=tmp_path, **popen)
 
 
 @pytest.mark.slow
@@ -142,10 +150,19 @@ def test_launcher_serves_the_contract_and_stops_its_child(
 
 @pytest.mark.slow
 def test_launcher_exits_when_vllm_fails_to_start(tmp_path: Path, fake_vllm: dict[str, str]) -> None:
-    env = fake_vllm | {"FAKE_VLLM_CRASH": "1"}
-    proc = _launch(tmp_path, env, free_port())
+    env = fake_vllm | {"FAKE_VLLM_CRASH": "1", "TMPDIR": str(tmp_path)}
+    proc = _launch(tmp_path, env, free_port(), stderr=subprocess.PIPE)
     try:
-        assert proc.wait(timeout=60) == 1
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1
+        said = err.decode().strip().splitlines()
+        assert "Traceback" not in err.decode()  # vLLM's output is in its file, not here
+        log = tmp_path / "rollout-vllm-r-test.log"
+        assert said[-1] == (
+            "rollout: error: vLLM did not start: ValueError: no room for the KV cache "
+            f"(its whole output: {log})"
+        )
+        assert "Engine core initialization failed" in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -26,6 +26,7 @@ from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
     build_vllm_command,
     build_vllm_env,
+    cpu_kv_cache_gib,
     has_tokenizer,
     resolve_vllm_python,
 )
@@ -388,9 +389,38 @@ def test_defaults_and_tokenizerless_model(tmp_path: Path) -> None:
 def test_dev_mode_and_the_checkout_on_the_path() -> None:
     root = str(ROOT)
     env = build_vllm_env({"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": root}
-    env = build_vllm_env({"PYTHONPATH": f"/x:{root}"})
-    assert env["PYTHONPATH"] == f"{root}:/x"
+    kv = str(cpu_kv_cache_gib())
+    assert env == {
+        "PATH": "/bin",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "PYTHONPATH": root,
+        "VLLM_CPU_KVCACHE_SPACE": kv,
+    }
+    env = build_vllm_env({"PYTHONPATH": f"/x:{root}", "VLLM_CPU_KVCACHE_SPACE": "3"})
+    assert env["PYTHONPATH"] == f"{root}:/x" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_a_cpu_kv_cache_fits_the_host_unless_told() -> None:
+    gib = 1 << 30
+    assert [cpu_kv_cache_gib(n * gib) for n in (4, 24, 32, 64, 512)] == [1, 1, 2, 4, 8]
+
+
+def test_the_root_cause_of_a_failed_start_is_one_line() -> None:
+    from workers.llm.replicas.vllm_output import root_cause
+
+    lines = [
+        "(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700] Traceback (most recent call",
+        '(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700]   File "x.py", line 3, in f',
+        "(EngineCore_DP0 pid=7) ERROR 12-02 04:17:27 [core.py:700] ValueError: KV cache: 22 GiB",
+        "Traceback (most recent call last):",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed: {}",
+    ]
+    assert root_cause(lines) == "ValueError: KV cache: 22 GiB"
+    assert root_cause(["RuntimeError: Engine core initialization failed."]) == (
+        "RuntimeError: Engine core initialization failed."
+    )
+    assert root_cause(["INFO 12-02 04:17:27 [api.py:1] started", "no exception"]) is None
 
 
 def test_the_vllm_interpreter_is_configured_else_vllm_venv_else_this_one(tmp_path: Path) -> None:
