@@ -62,17 +62,30 @@ class ReplicaSync:
             self.newest = event
 
     def refresh(self) -> int | None:
-        """Read the replica's version from `/health` (None if it does not answer)."""
+        """Read the replica's version from `/health` (None if it does not answer).
+
+        A replica whose last weight load failed answers 503 with the version it still serves
+        (`vllm_adapter`): that version is read too, so the load stays due and is retried,
+        instead of the replica being taken for one that is not answering."""
         try:
             body = self._request("GET", "/health", None)
+        except urllib.error.HTTPError as exc:
+            body = _json_body(exc)
+            if exc.code != 503 or body.get("version") is None or body.get("reason") == "starting":
+                return self._unreachable(exc)
+            log.debug(
+                "replica %s unhealthy (%s), serving version %s", self.url, body, body["version"]
+            )
         except (OSError, ValueError) as exc:
-            # loud once when a known replica goes away, quiet while one is still starting
-            level = logging.WARNING if self.served is not None else logging.DEBUG
-            log.log(level, "replica %s /health failed: %s", self.url, exc)
-            self.served = None
-            return None
+            return self._unreachable(exc)
         self.served = int(body.get("version", 0))
         return self.served
+
+    def _unreachable(self, exc: BaseException) -> None:
+        # loud once when a known replica goes away, quiet while one is still starting
+        level = logging.WARNING if self.served is not None else logging.DEBUG
+        log.log(level, "replica %s /health failed: %s", self.url, exc)
+        self.served = None
 
     def due(self) -> bool:
         new = self.newest
@@ -192,3 +205,12 @@ async def _control(
                     backoff = min(backoff * 2, 30.0)
     finally:
         await follower.stop()
+
+
+def _json_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    """The JSON object an HTTP error carries ({} when it carries none)."""
+    try:
+        parsed = json.loads(exc.read() or b"{}")
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}

@@ -34,6 +34,7 @@ class FakeReplica:
         self.posted: list[dict[str, Any]] = []
         self.answers: list[int] = []
         self.health: dict[str, Any] | None = None
+        self.health_status = 200
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(
@@ -55,7 +56,7 @@ class FakeReplica:
                 if self.path != "/health":
                     return self._send(404, {"error": {"message": "no such route"}})
                 body = replica.health or {"status": "ok", "version": replica.version, "load": 0}
-                self._send(200, body)
+                self._send(replica.health_status, body)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
@@ -230,3 +231,17 @@ def test_an_unreachable_replica_waits_for_its_health(replica: FakeReplica) -> No
     assert sync.apply() is False
     assert sync.served is None and sync.rejected == set()
     assert not sync.due()  # until /health answers again
+
+
+def test_a_replica_unhealthy_after_a_failed_load_is_retried(replica: FakeReplica) -> None:
+    """vLLM's adapter answers /health with 503 and the version it still serves after a
+    failed load: the load stays due (it was taken for a replica not answering, never retried)."""
+    replica.answers = [500]
+    sync = synced(replica, 1)
+    assert sync.due() and not sync.apply()
+    replica.health_status = 503
+    replica.health = {"status": "unavailable", "version": 0, "reason": "weight update failed"}
+    assert sync.refresh() == 0 and sync.due()
+    assert sync.apply() and replica.version == 1
+    replica.health = {"status": "unavailable", "version": 0, "reason": "starting"}
+    assert sync.refresh() is None and not sync.due()  # starting: nothing to load into yet
