@@ -399,7 +399,7 @@ def _report(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pipeline.demo.run")
+    parser = argparse.ArgumentParser(prog="python -m pipeline.demo")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -410,7 +410,3 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
