@@ -71,7 +71,7 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
         "tp": args.tp,
         "dp": args.dp,
         "pp": args.pp,
-        "dtype": _serving_dtype(args.dtype, cfg.trainer.precision),
+        **_serving_dtype(args.dtype, cfg.trainer.precision),
         "internal_port": args.internal_port,
         "extra_args": tuple(args.vllm_arg),
         "python": args.vllm_python or cfg.vllm.python,
@@ -82,14 +82,12 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
 _DTYPE_OF_PRECISION = {"fp32": "float32", "bf16": "bfloat16"}
 
 
-def _serving_dtype(given: str | None, precision: str) -> str:
-    """`--dtype`, else the trainer's precision; said in one line either way."""
-    import sys
-
+def _serving_dtype(given: str | None, precision: str) -> dict[str, str]:
+    """`--dtype`, else the trainer's precision, and why (the replica says it once vLLM's
+    interpreter has been found)."""
     dtype = given or _DTYPE_OF_PRECISION[precision]
     why = "--dtype" if given else f"trainer.precision={precision}; --dtype to change"
-    print(f"rollout: vLLM serves in {dtype} ({why})", file=sys.stderr)
-    return dtype
+    return {"dtype": dtype, "dtype_reason": why}
 
 
 def _require_free_port(host: str, port: int) -> None:

@@ -139,6 +139,8 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
     """Run one replica until SIGTERM/SIGINT or until vLLM exits; returns the exit status."""
     python = resolve_vllm_python(config.python)
     check_vllm_python(python)
+    if config.dtype_reason:
+        print(f"rollout: vLLM serves in {config.dtype} ({config.dtype_reason})", file=sys.stderr)
     internal_port = config.internal_port or free_port(config.internal_host)
     adapter = VLLMAdapter(
         upstream_url=f"http://{config.internal_host}:{internal_port}",

@@ -113,6 +113,9 @@ class VLLMReplicaConfig(BaseModel):
         description="vLLM --dtype: the trainer's precision by default (`rollout replica serve` "
         "derives it), so the replica's logprobs are the ones the trainer recomputes.",
     )
+    dtype_reason: str | None = Field(
+        default=None, description="Why this dtype, said in one line at start (None: not said)."
+    )
     max_logprobs: int = Field(default=1, ge=0, description="vLLM --max-logprobs.")
     skip_tokenizer_init: bool | None = Field(
         default=None, description="None: skip when the model directory has no tokenizer."
