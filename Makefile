@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 # The test session starts its own broker on a free port and stops it at the end,
 # unless ROLLOUT_TEST_BOOTSTRAP names an existing cluster.
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -27,18 +27,16 @@ def _end_offset(kafka: KafkaConfig, topic: str) -> int:
         consumer.close()
 
 
-def _consume(kafka: KafkaConfig, topics: TopicsConfig, *args: str) -> list[dict]:
-    done = run_cli(
-        "--bootstrap",
-        kafka.bootstrap,
-        "--set",
-        f"topics.prefix={topics.prefix}",
-        "consume",
-        "--timeout",
-        "8",
-        *args,
-    )
+def _consume(
+    kafka: KafkaConfig, topics: TopicsConfig, *args: str, read: int | None = None
+) -> list[dict]:
+    """`rollout consume` on the run's topics; it returns as soon as it has shown `--limit`
+    records (else after 8 s); `read`: how many records it must have read in all."""
+    flags = ["--bootstrap", kafka.bootstrap, "--set", f"topics.prefix={topics.prefix}"]
+    done = run_cli(*flags, "consume", "--timeout", "8", *args)
     assert done.returncode == 0, done.stderr
+    if read is not None:
+        assert f"consumed {read} records" in done.stderr, done.stderr  # the filter saw them
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
@@ -72,14 +70,14 @@ def test_consume_shows_bad_records_and_dead_letters_and_writes_nothing(
     assert dlq_end == 1
 
     for _ in range(2):  # reading twice changes nothing either
-        rows = _consume(kafka_config, topics_config, "--topic", "prompts")
+        rows = _consume(kafka_config, topics_config, "--topic", "prompts", "--limit", "2")
         assert _end_offset(kafka_config, dlq) == dlq_end
     bad, shown = rows
     assert bad["undecodable"]["value"] == "{not json" and bad["undecodable"]["error"]
     assert (bad["topic"], bad["partition"], bad["offset"]) == (prompts, 0, 0)
     assert shown["uid"] == "u-1" and shown["kind"] == "prompt"  # an event prints as itself
 
-    (dead,) = _consume(kafka_config, topics_config, "--topic", "dlq")
+    (dead,) = _consume(kafka_config, topics_config, "--topic", "dlq", "--limit", "1")
     assert dead["dead_letter"] == {
         "stage": "reward",
         "cause": "missing_prompt",
@@ -88,7 +86,8 @@ def test_consume_shows_bad_records_and_dead_letters_and_writes_nothing(
         "origin": {"topic": topics_config.name("turns"), "partition": 0, "offset": 41},
     }
     assert "value_base64" in dead["undecodable"]  # the original bytes, kept as they were
-    assert _consume(kafka_config, topics_config, "--topic", "dlq", "--cause", "missing_prompt")
-    assert not _consume(kafka_config, topics_config, "--topic", "dlq", "--cause", "json")
-    assert not _consume(kafka_config, topics_config, "--topic", "dlq", "--stage", "agent-loop")
+    dlq_args = ("--topic", "dlq", "--limit", "1")
+    assert _consume(kafka_config, topics_config, *dlq_args, "--cause", "missing_prompt")
+    assert not _consume(kafka_config, topics_config, *dlq_args, "--cause", "json", read=1)
+    assert not _consume(kafka_config, topics_config, *dlq_args, "--stage", "agent-loop", read=1)
     assert _end_offset(kafka_config, dlq) == dlq_end

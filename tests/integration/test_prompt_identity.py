@@ -26,9 +26,9 @@ N = 2  # samples per prompt
 
 
 def write_dataset(path: Path, seed: int) -> list[str]:
-    """Six verl rows without uids (so the producer names them) at `path`; their questions."""
+    """Four verl rows without uids (so the producer names them) at `path`; their questions."""
     path.parent.mkdir(parents=True)
-    rows = [{k: v for k, v in r.items() if k != "uid"} for r in arithmetic_rows(6, seed=seed)]
+    rows = [{k: v for k, v in r.items() if k != "uid"} for r in arithmetic_rows(4, seed=seed)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return [r["prompt"][0]["content"] for r in rows]
 
@@ -63,7 +63,7 @@ def test_same_named_datasets_both_reach_replay_and_a_reused_uid_is_a_dead_letter
     flags = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={prefix}"]
     a, b = tmp_path / "gsm8k" / "train.jsonl", tmp_path / "math" / "train.jsonl"
     questions = write_dataset(a, seed=1) + write_dataset(b, seed=2)
-    assert len(set(questions)) == 12
+    assert len(set(questions)) == 8
     produce(flags, a)
     produce(flags, b)
     produce(flags, a)  # the same file again: the same uids, de-duplicated downstream
@@ -73,8 +73,8 @@ def test_same_named_datasets_both_reach_replay_and_a_reused_uid_is_a_dead_letter
     with LocalPipeline(
         cfg, tmp_path / "run", model_dir=str(tiny_model), replicas=1, stages=stages
     ) as pipe:
-        groups = _wait_for(lambda: _groups(cfg.kafka, replay), 12, pipe)
-        assert len(groups) == 12, sorted(groups)  # both files' prompts, each group once
+        groups = _wait_for(lambda: _groups(cfg.kafka, replay), 8, pipe)
+        assert len(groups) == 8, sorted(groups)  # both files' prompts, each group once
         asked = {g.samples[0].uid: g for g in groups.values()}
         assert all(len(g.samples) == N for g in asked.values())
         reused = sorted(asked)[0]
@@ -87,8 +87,8 @@ def test_same_named_datasets_both_reach_replay_and_a_reused_uid_is_a_dead_letter
                 )
             )
         letters = _wait_for(lambda: _letters(cfg.kafka, topics_config.name("dlq")), N, pipe)
-        time.sleep(3.0)  # anything that would still arrive late
-        assert len(_groups(cfg.kafka, replay)) == 12
+        time.sleep(2.0)  # anything that would still arrive late
+        assert len(_groups(cfg.kafka, replay)) == 8
         letters = _letters(cfg.kafka, topics_config.name("dlq"))
     assert [(s, c) for s, c, _ in letters] == [("reward", "duplicate_uid")] * N
     assert all(reused in message for _, _, message in letters)
