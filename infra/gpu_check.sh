@@ -11,6 +11,30 @@
 #   infra/gpu_check.sh                 # the vllm backend
 #   BACKEND=hf infra/gpu_check.sh      # the same contract tests against the hf backend
 #
+# Then (vllm and hf) routed experts of a Mixture-of-Experts model: the `moe` preset served with
+# `--routed-experts` (vllm: vLLM's model runner V2, which vLLM 0.32's CPU build cannot run:
+# "Model Runner V2 requires Triton"), tests/gpu/test_routed_experts.py against it (the routing
+# of prompt and tokens against a transformers forward of the same weights, a prefix-cache hit,
+# a generation resumed across /update_weights keeping the old weights' routing). ROUTING_CHECK=0
+# skips it.
+#   BACKEND=sglang infra/gpu_check.sh  # ... against the sglang backend (SGLang's own server)
+#
+# Weights over NCCL (vllm; before the routing check, on the contract replica, whose vLLM runs
+# on PORT+1 with `--weight-transfer-config {"backend":"nccl"}`): tests/gpu/test_weight_transfer.py
+# drives vLLM's native NCCL weight-transfer engine (/init_weight_transfer_engine,
+# /start_weight_update, /update_weights, /finish_weight_update) and the project's broadcast
+# (`trainer.weight_transfer: broadcast`, `weight_transfer.backend: nccl`) into it. TRANSFER_CHECK=0
+# skips it.
+#
+# SGLang (BACKEND=sglang) runs in an interpreter of its own: $SGLANG_PYTHON, else $PYTHON when
+# it has the sglang package, else .venv-sglang/bin/python of this checkout when that has it;
+# else the check installs it (infra/sglang/install.sh, into $GPU_CHECK_DIR/venv-sglang) from
+# $SGLANG_WHEELS (a folder of wheels: `pip download -d DIR sglang==0.5.23` for this machine's
+# Python, on a machine with network) or from PyPI where the machine reaches it, and stops with
+# the reason where neither works. The sglang adapter has never run against a real SGLang
+# before this check (SGLang's server does not start on the development CPUs; README "SGLang"),
+# so its first run here is its proof, or the list of what to fix.
+#
 # Python: $PYTHON (default python3) runs everything, with this checkout on PYTHONPATH (the
 # project is not installed). Modules it lacks are taken from wheels carried in .whl/: every
 # wheel there is unpacked with `pip install --no-deps --no-index --target` into the work dir,
@@ -23,13 +47,18 @@
 # the script stops after the trainer check and says so.
 #
 # Environment (all optional):
-#   BACKEND          vllm (default) or hf
+#   BACKEND          vllm (default), hf or sglang
+#   SGLANG_PYTHON    interpreter with SGLang (BACKEND=sglang; see above)
+#   SGLANG_WHEELS    folder of wheels to install SGLang from when no interpreter has it
+#   EXTRA_SGLANG_ARGS more SGLang server arguments, e.g. "--attention-backend triton"
 #   PYTHON           interpreter (default python3)
 #   PORT             adapter port (default 8100)
 #   GPU_CHECK_DIR    work dir for models, unpacked wheels and logs (default /tmp/rollout_gpu_check);
 #                    the logs are also copied to $OUT when that is set
 #   EXTRA_VLLM_ARGS  more `vllm serve` arguments, e.g. "--attention-backend FLEX_ATTENTION"
 #   TRAINER_CHECK    0 skips the trainer check (default 1)
+#   ROUTING_CHECK    0 skips the MoE routed-experts check (default 1; vllm and hf)
+#   TRANSFER_CHECK   0 skips the NCCL weight-transfer check (default 1; vllm)
 # Exit status: 0 when the trainer check and every contract test passed.
 set -uo pipefail
 
@@ -42,7 +71,10 @@ mkdir -p "$WORK"
 START=$(date +%s)
 REPLICA_PID=""
 RESULT="not run"
+SGLANG_PY=""
 TRAINER_RESULT="not run"
+ROUTING_RESULT="not run"
+TRANSFER_RESULT="not run"
 PY=${PYTHON:-python3}
 
 log() { printf '[gpu_check +%3ss] %s\n' "$(($(date +%s) - START))" "$*"; }
@@ -67,10 +99,15 @@ cleanup() {
   echo "================ gpu_check summary ================"
   echo "backend:   $BACKEND"
   echo "trainer:   $TRAINER_RESULT"
+  echo "routing:   $ROUTING_RESULT"
+  echo "transfer:  $TRANSFER_RESULT"
   echo "result:    $RESULT"
   echo "elapsed:   $(($(date +%s) - START)) s"
   echo "python:    $PY ($("$PY" -V 2>&1))"
   echo "vllm:      $("$PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo 'not installed')"
+  if [[ "$BACKEND" == sglang ]]; then
+    echo "sglang:    $("${SGLANG_PY:-$PY}" -c 'import sglang; print(sglang.__version__)' 2>/dev/null || echo 'not installed') (${SGLANG_PY:-none})"
+  fi
   echo "torch:     $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo missing)"
   echo "gpu:       $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
   echo "logs:      $WORK/{trainer.log,replica.log,pytest.log,junit.xml}"
@@ -86,7 +123,7 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------ 1. GPU and Python
 log "GPU: $(nvidia-smi -L 2>/dev/null | head -1 || true)"
-[[ "$BACKEND" == vllm || "$BACKEND" == hf ]] || die "BACKEND must be vllm or hf, not $BACKEND"
+[[ "$BACKEND" =~ ^(vllm|hf|sglang)$ ]] || die "BACKEND must be vllm, hf or sglang, not $BACKEND"
 command -v "$PY" >/dev/null || die "no interpreter $PY"
 NEEDED="aiohttp pydantic pydantic_settings dotenv yaml prometheus_client orjson pybase64 numpy pytest safetensors torch transformers tokenizers jinja2 kafka"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -123,6 +160,25 @@ fi
 if [[ "$BACKEND" == vllm ]] && ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
   die "$PY lacks: vllm (it has to be in the image; see the header of $0)"
 fi
+has_sglang() {  # finds the package without importing it (SGLang's import takes seconds)
+  [[ -x "$1" ]] && "$1" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("sglang") is None)' 2>/dev/null
+}
+if [[ "$BACKEND" == sglang ]]; then
+  for candidate in "${SGLANG_PYTHON:-}" "$(command -v "$PY")" "$ROOT/.venv-sglang/bin/python"; do
+    if [[ -n "$candidate" ]] && has_sglang "$candidate"; then SGLANG_PY=$candidate; break; fi
+  done
+  if [[ -z "$SGLANG_PY" ]]; then
+    log "no interpreter has sglang; installing it into $WORK/venv-sglang (log: $WORK/sglang-install.log)"
+    if PYTHON="$PY" PIP_DEFAULT_TIMEOUT=20 PIP_RETRIES=1 \
+        timeout 1800 infra/sglang/install.sh "$WORK/venv-sglang" >"$WORK/sglang-install.log" 2>&1; then
+      SGLANG_PY="$WORK/venv-sglang/bin/python"
+    else
+      tail -n 5 "$WORK/sglang-install.log"
+      die "SGLang is not installable here (no SGLANG_PYTHON, no SGLANG_WHEELS, no PyPI); see $WORK/sglang-install.log"
+    fi
+  fi
+  log "SGLang: $SGLANG_PY ($("$SGLANG_PY" -c 'import sglang; print(sglang.__version__)' 2>&1))"
+fi
 
 # ------------------------------------------------------------------ 2. tiny models
 log "building the tiny model (seed 0) and a second checkpoint (seed 1) for update_weights"
@@ -143,7 +199,16 @@ CMD=("$PY" -m pipeline.cli.main replica serve --backend "$BACKEND" --model "$WOR
 if [[ "$BACKEND" == vllm ]]; then
   # vLLM runs in this interpreter too; each word of EXTRA_VLLM_ARGS is one `vllm serve` argument
   CMD+=(--vllm-python "$PY" --vllm-arg=--gpu-memory-utilization=0.25 --vllm-arg=--enforce-eager)
+  # vLLM itself on a known port, its NCCL weight-transfer engine on (step 4b drives its routes)
+  CMD+=(--internal-port "$((PORT + 1))" '--vllm-arg=--weight-transfer-config={"backend":"nccl"}')
   for arg in ${EXTRA_VLLM_ARGS:-}; do CMD+=("--vllm-arg=$arg"); done
+fi
+if [[ "$BACKEND" == sglang ]]; then
+  # SGLang runs in its own interpreter; each word of EXTRA_SGLANG_ARGS is one server argument
+  # -v: SGLang's own output goes into replica.log too (its first run here is what to read)
+  CMD+=(-v --sglang-python "$SGLANG_PY" --sglang-arg=--mem-fraction-static=0.25
+        --sglang-arg=--disable-cuda-graph)
+  for arg in ${EXTRA_SGLANG_ARGS:-}; do CMD+=("--sglang-arg=$arg"); done
 fi
 log "starting: ${CMD[*]} (log: $WORK/replica.log)"
 "${CMD[@]}" >"$WORK/replica.log" 2>&1 &
@@ -183,6 +248,82 @@ else
   RESULT="failed: pytest exit $TEST_RC,${SUMMARY:- no summary}"
   exit 1
 fi
+
+# ------------------------------------------------------------------ 4b. weights over NCCL (vllm)
+if [[ "${TRANSFER_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
+  log "running ${PYTEST[*]} tests/gpu/test_weight_transfer.py"
+  ROLLOUT_REPLICA_URL="$URL" ROLLOUT_VLLM_URL="http://127.0.0.1:$((PORT + 1))" \
+  ROLLOUT_MODEL_PATH="$WORK/models/base" ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/alt" \
+    timeout 600 "${PYTEST[@]}" -s tests/gpu/test_weight_transfer.py 2>&1 | tee "$WORK/transfer.log"
+  TRANSFER_RC=${PIPESTATUS[0]}
+  TRANSFER_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/transfer.log" | tail -1 | tr -d '=')
+  if [[ "$TRANSFER_RC" == 0 ]] && ! grep -q skipped <<<"$TRANSFER_SUMMARY"; then
+    TRANSFER_RESULT="passed:${TRANSFER_SUMMARY}"
+  else
+    TRANSFER_RESULT="failed: pytest exit $TRANSFER_RC,${TRANSFER_SUMMARY:- no summary}"
+  fi
+  log "transfer check: $TRANSFER_RESULT"
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp -f "$WORK"/transfer.log "$OUT"/ 2>/dev/null
+  fi
+fi
+
+# ------------------------------------------------------------------ 5. MoE routed experts
+if [[ "${ROUTING_CHECK:-1}" != 0 && ( "$BACKEND" == vllm || "$BACKEND" == hf ) ]]; then
+  log "stopping the contract replica; building the moe preset (seeds 0 and 1)"
+  kill -TERM "$REPLICA_PID" 2>/dev/null
+  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$REPLICA_PID" 2>/dev/null
+  "$PY" - "$WORK/models" <<'EOF' || die "moe model build failed"
+import sys
+from pathlib import Path
+from workers.llm.model_init import init_model
+out = Path(sys.argv[1])
+for name, seed in (("moe-base", 0), ("moe-alt", 1)):
+    init_model(out / name, preset="moe", seed=seed)
+    print("  wrote", out / name)
+EOF
+  CMD=("$PY" -m pipeline.cli.main replica serve --backend "$BACKEND" --model "$WORK/models/moe-base"
+       --port "$PORT" --host 127.0.0.1 --replica-id gpu-check-moe --max-model-len 2048)
+  if [[ "$BACKEND" == vllm ]]; then
+    CMD+=(--routed-experts --vllm-python "$PY" --vllm-arg=--gpu-memory-utilization=0.25
+          --vllm-arg=--enforce-eager)
+    for arg in ${EXTRA_VLLM_ARGS:-}; do CMD+=("--vllm-arg=$arg"); done
+  fi
+  log "starting: ${CMD[*]} (log: $WORK/replica-moe.log)"
+  "${CMD[@]}" >"$WORK/replica-moe.log" 2>&1 &
+  REPLICA_PID=$!
+  if "$PY" -c 'import os, sys
+from pipeline.launch.replicas import wait_healthy
+pid = int(sys.argv[2])
+wait_healthy(sys.argv[1], lambda: os.path.exists(f"/proc/{pid}"), 300.0, interval_s=2.0)' \
+      "$URL" "$REPLICA_PID" 2>>"$WORK/replica-moe.log"; then
+    log "moe replica healthy; running ${PYTEST[*]} tests/gpu/test_routed_experts.py"
+    ROLLOUT_REPLICA_URL="$URL" ROLLOUT_MODEL_PATH="$WORK/models/moe-base" \
+    ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/moe-alt" \
+      timeout 600 "${PYTEST[@]}" tests/gpu/test_routed_experts.py 2>&1 | tee "$WORK/routing.log"
+    ROUTING_RC=${PIPESTATUS[0]}
+    ROUTING_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/routing.log" | tail -1 | tr -d '=')
+    if [[ "$ROUTING_RC" == 0 ]] && ! grep -q skipped <<<"$ROUTING_SUMMARY"; then
+      ROUTING_RESULT="passed:${ROUTING_SUMMARY}"
+    else
+      ROUTING_RESULT="failed: pytest exit $ROUTING_RC,${ROUTING_SUMMARY:- no summary}"
+    fi
+  else
+    tail -n 20 "$WORK/replica-moe.log"
+    ROUTING_RESULT="failed: the moe replica did not start (the cause: the end of $WORK/replica-moe.log above)"
+  fi
+  log "routing check: $ROUTING_RESULT"
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp -f "$WORK"/replica-moe.log "$WORK"/routing.log "$OUT"/ 2>/dev/null
+  fi
+fi
 if [[ "${TRAINER_CHECK:-1}" != 0 && "$TRAINER_RESULT" != passed* ]]; then
+  exit 1
+fi
+if [[ "${ROUTING_CHECK:-1}" != 0 && "$ROUTING_RESULT" == failed* ]]; then
+  exit 1
+fi
+if [[ "$TRANSFER_RESULT" == failed* ]]; then
   exit 1
 fi

@@ -10,7 +10,16 @@ Invariants the models enforce:
 - a turn's, trajectory's or group's `min_global_steps <= max_global_steps`;
 - per-token arrays of one trajectory have equal lengths (`response_ids`, `response_mask`,
   `response_logprobs`), and a turn's logprobs (when present) match its tokens;
-- `trajectory_id == f"{uid}/{sample_index}"`.
+- `trajectory_id == f"{uid}/{sample_index}"`;
+- a trajectory's `routed_experts` (Mixture-of-Experts policies, `schemas.routing`) covers at
+  most its prompt + response positions.
+
+`routed_experts` is None for dense models (and when not asked for), and then absent on the
+wire: such an event encodes exactly as before the field existed, so older readers (whose models
+forbid unknown fields) read it unchanged. On a `TurnEvent` it is the routing the turn's
+generation returned, from position 0 of the trajectory (prompt, earlier turns, this turn's
+tokens but its last); the reward stage folds the turns' routing in order, append-only
+(`RoutedExperts.extended_by`), into the trajectory's.
 """
 
 from __future__ import annotations
@@ -20,9 +29,18 @@ import time
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from schemas.arrays import FloatArray, IntArray, MaskArray, arrays_equal
+from schemas.routing import RoutedExperts
 
 SCHEMA_VERSION = 1
 
@@ -35,10 +53,12 @@ __all__ = [
     "PolicyVersion",
     "PromptEvent",
     "ReplicaInfo",
+    "ReplicaRole",
     "RewardModelSpec",
     "ScoredTrajectory",
     "TrainingGroup",
     "TurnEvent",
+    "WeightTransfer",
     "trajectory_id",
 ]
 
@@ -115,6 +135,13 @@ class ExtraFields(BaseModel):
 _NOT_CONTENT = {"kind", "schema_version", "created_at", "uid"}
 
 
+def _without_none_routing(data: Any) -> Any:
+    """A dumped event without `routed_experts` when it is None (module docstring)."""
+    if isinstance(data, dict) and "routed_experts" in data and data["routed_experts"] is None:
+        del data["routed_experts"]
+    return data
+
+
 class PromptEvent(EventBase):
     """A prompt to roll out `n` times (topic `rl.prompts`, key `uid`)."""
 
@@ -175,6 +202,11 @@ class TurnEvent(EventBase):
     # Tool turns: what the tools returned besides tokens.
     tool_reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="MoE policies, assistant turns: the routing the generation returned, from "
+        "position 0 of the trajectory (module docstring).",
+    )
     # Final turn only: totals over the trajectory.
     num_turns: int | None = Field(default=None, ge=1)
     response_length: int | None = Field(default=None, ge=0)
@@ -195,6 +227,10 @@ class TurnEvent(EventBase):
         if self.final and (self.num_turns is None or self.extra_fields is None):
             raise ValueError("the final turn must carry num_turns and extra_fields")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_routing(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none_routing(handler(self))
 
 
 class ScoredTrajectory(EventBase):
@@ -225,6 +261,11 @@ class ScoredTrajectory(EventBase):
         "cut at its token budget.",
     )
     extra_fields: ExtraFields
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="MoE policies: the experts each position of prompt_ids + response_ids was "
+        "routed to when generated, as far as the rollout fed them (None: dense model).",
+    )
 
     @property
     def min_global_steps(self) -> int:
@@ -244,7 +285,17 @@ class ScoredTrajectory(EventBase):
         n = len(self.response_ids)
         if len(self.response_mask) != n or len(self.response_logprobs) != n:
             raise ValueError("response_ids, response_mask and response_logprobs differ in length")
+        routed = self.routed_experts
+        if routed is not None and routed.tokens > len(self.prompt_ids) + n:
+            raise ValueError(
+                f"routed_experts cover {routed.tokens} positions, past the "
+                f"{len(self.prompt_ids) + n} of prompt_ids + response_ids"
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_routing(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none_routing(handler(self))
 
 
 class TrainingGroup(EventBase):
@@ -269,18 +320,57 @@ class TrainingGroup(EventBase):
         return self
 
 
+class WeightTransfer(BaseModel):
+    """Where a trainer that broadcasts its weights waits for replicas (`PolicyVersion.transfer`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field(min_length=3, description="host:port of the trainer's rendezvous store.")
+    session: str = Field(
+        min_length=1, description="The trainer process's run id: a restarted trainer has another."
+    )
+    backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend.")
+
+
 class PolicyVersion(EventBase):
-    """A trained policy the replicas should load (topic `rl.policy`, compacted)."""
+    """A trained policy the replicas should load (topic `rl.policy`, compacted).
+
+    With `transfer` unset (`trainer.weight_transfer: disk`) the replicas load `path`. With it
+    set, the weights come over a process group from the trainer (`workers.transfer`); `path`
+    is then a checkpoint of this version only when one was written (else ""). A record without
+    `transfer` encodes exactly as before the field existed."""
 
     kind: Literal["policy"] = "policy"
     version: int = Field(ge=0, description="The trainer's global step.")
-    path: str = Field(description="Checkpoint directory on shared storage.")
+    path: str = Field(
+        default="",
+        description="Checkpoint directory on shared storage ('' when none was written).",
+    )
     groups_trained: int = Field(default=0, ge=0, description="Training groups consumed so far.")
     samples_trained: int = Field(default=0, ge=0, description="Samples consumed so far.")
+    transfer: WeightTransfer | None = Field(
+        default=None, description="Set when the weights are broadcast rather than read."
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unset_transfer(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("transfer") is None:
+            data.pop("transfer", None)  # older readers (extra="forbid") read it unchanged
+        return data
+
+
+ReplicaRole = Literal["policy", "judge"]
+"""What a replica serves: `policy` (the model being trained: the agent loops route to it, the
+sync controllers load every new version into it) or `judge` (another model the reward stage
+asks for verdicts: never routed to by the agent loops, never given the policy's weights)."""
 
 
 class ReplicaInfo(EventBase):
-    """A live inference replica (topic `rl.replicas`, key `replica_id`; tombstone on leave)."""
+    """A live inference replica (topic `rl.replicas`, key `replica_id`; tombstone on leave).
+
+    `role` is left off the wire when it is `policy`, so a record of a policy replica reads the
+    same to readers that predate it; a record without one is a policy replica."""
 
     kind: Literal["replica"] = "replica"
     replica_id: str = Field(min_length=1)
@@ -288,6 +378,14 @@ class ReplicaInfo(EventBase):
     backend: str
     model: str = ""
     version: int = Field(default=0, ge=0)
+    role: ReplicaRole = Field(default="policy", description="policy or judge (`ReplicaRole`).")
+
+    @model_serializer(mode="wrap")
+    def _without_default_role(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("role") == "policy":
+            data.pop("role", None)  # older readers (extra="forbid") read it unchanged
+        return data
 
 
 Event = Annotated[

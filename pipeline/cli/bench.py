@@ -111,10 +111,10 @@ class Bench:
 
     `flags`: each a default or (default, help); `pool_workers` is `--pool-workers`, the type is
     the default's (str for None), and each reaches `run` as the keyword of its name. `model`
-    adds `--model`, which reaches `run` as `model_dir`; `check` names the flag that must name
-    a model directory when given (`--model` unless told otherwise). `kafka`: the run's
-    `KafkaConfig` goes first; `extra`: more keyword arguments. `command`: a handler of its own
-    instead (it reads the flags itself). Every benchmark takes `--json`.
+    adds `--model` (its help `model_help`), which reaches `run` as `model_dir`; `check` names
+    the flag that must name a model directory when given (`--model` unless told otherwise).
+    `kafka`: the run's `KafkaConfig` goes first; `extra`: more keyword arguments. `command`: a
+    handler of its own instead (it reads the flags itself). Every benchmark takes `--json`.
     """
 
     name: str
@@ -123,6 +123,7 @@ class Bench:
     kafka: bool = False
     model: bool = False
     check: str | None = "model"
+    model_help: str = "Model directory (default: build the tiny model)."
     extra: Callable[[argparse.Namespace, RunConfig], dict[str, Any]] | None = None
     command: Handler | None = None
 
@@ -145,7 +146,7 @@ class Bench:
             default, help_ = value if isinstance(value, tuple) else (value, None)
             add_flag(parser, key, default, help_ or _FLAG_HELP[key])
         if self.model:
-            parser.add_argument("--model", help="Model directory (default: build the tiny model).")
+            parser.add_argument("--model", help=self.model_help)
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
         parser.set_defaults(handler=self.handler)
         return parser
@@ -295,6 +296,53 @@ BENCHES: tuple[Bench, ...] = (
         },
     ),
     Bench("fsdp", "One trainer step: 1 process vs N FSDP2 gloo ranks.", {"ranks": 2}),
+    Bench(
+        "lend",
+        "The demo's pipeline to N steps, the idle trainer lent to generation or not.",
+        {
+            "steps": 20,
+            "seed": (0, "Seed of the recipe (model, warm start, prompts, trainer)."),
+            "max_tokens": 16,
+            "reclaim_ratio": (0.75, "trainer.lend.reclaim_ratio of the lent run."),
+            "deadline_s": (1200.0, "Seconds each run may take at most."),
+        },
+        kafka=True,
+    ),
+    Bench(
+        "weight-sync",
+        "Seconds per weight sync: checkpoint on disk vs broadcast, per model size.",
+        {
+            "sizes": ("small,0.5b", "Models: presets (tiny, small) and 0.5b (synthetic)."),
+            "rounds": 5,
+            "bucket_mb": (256, "Broadcast bucket size in MiB."),
+        },
+    ),
+    Bench(
+        "moe",
+        "MoE routing replay: router mismatch, logprob drift, routing's cost.",
+        {
+            "sequences": (8, "Generations resumed across a weight update."),
+            "max_tokens": 32,
+            "prompt_tokens": (16, "Prompt tokens per generation."),
+            "lr": (1e-3, "lr of the trainer step from checkpoint A to B."),
+            "rounds": (3, "Decode-rate rounds (each measures both sides)."),
+            "threads": (1, "torch threads of the replica and the trainer."),
+        },
+        model=True,
+        model_help="A MoE model directory, checkpoint A (default: build the moe preset).",
+    ),
+    Bench(
+        "moe-decode",
+        "hf engine on a MoE model: decode tokens/s, routed experts returned vs not.",
+        {
+            "rounds": (5, "Rounds (each measures both sides)."),
+            "rows": (8, "Generations decoded at once."),
+            "max_tokens": 64,
+            "threads": (1, "torch threads of the engine."),
+        },
+        model=True,
+        model_help="A MoE model directory (default: build the moe preset).",
+    ),
     Bench(
         "routing",
         "Load-aware vs local-only routing, 3 workers.",

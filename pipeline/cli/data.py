@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.cli.common import at_least, print_json, writable_dir
 from pipeline.config import ConfigError, RunConfig
+from workers.llm.templates import FAMILY_NAMES
 
 __all__ = ["add_parsers"]
 
@@ -115,8 +116,16 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.model_init import init_model
 
+    if args.reward_model and args.preset == "moe":
+        raise ConfigError("--reward-model: the moe preset is a causal LM only; use tiny or small")
     writable_dir(Path(args.out), "--out")
-    out = init_model(args.out, preset=args.preset, seed=args.seed, reward_model=args.reward_model)
+    out = init_model(
+        args.out,
+        preset=args.preset,
+        seed=args.seed,
+        reward_model=args.reward_model,
+        template=args.template,
+    )
     print(out)
     return 0
 
@@ -172,13 +181,25 @@ def add_parsers(sub: Any) -> None:
 
     model = sub.add_parser("model", help="The project's own tiny models.")
     msub = model.add_subparsers(dest="action", required=True)
-    minit = msub.add_parser("init", help="Write a randomly initialised Qwen2 model + tokenizer.")
+    minit = msub.add_parser(
+        "init", help="Write a randomly initialised Qwen2 (or Qwen3-MoE) model + tokenizer."
+    )
     minit.add_argument("--out", required=True, help="Directory to write the model into.")
     minit.add_argument(
-        "--preset", choices=["tiny", "small"], default="tiny", help="Model size (default: tiny)."
+        "--preset",
+        choices=["tiny", "small", "moe"],
+        default="tiny",
+        help="Model size (default: tiny); moe: a Qwen3-MoE, 4 layers of 8 experts, top-2.",
     )
     minit.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
     minit.add_argument(
         "--reward-model", action="store_true", help="A sequence-classification head."
+    )
+    minit.add_argument(
+        "--template",
+        choices=FAMILY_NAMES,
+        default="hermes",
+        help="Chat format: the family's special tokens, chat template and tool-call syntax "
+        "(default: hermes, the project's own).",
     )
     minit.set_defaults(handler=cmd_model_init)

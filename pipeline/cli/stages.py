@@ -26,9 +26,12 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         # vLLM also takes a hub id, which is not a path here.
         args.model = checked_model_dir(args.model, "--model")
     _require_free_port(args.host, args.port)
+    if args.routed_experts:
+        _require_routing(args.backend, args.model)
     if args.register:
         _require_topic(cfg, "replicas", "to register on")
-    backend = get_backend(args.backend)
+    engine_python = args.sglang_python if args.backend == "sglang" else None
+    backend = get_backend(args.backend, python=engine_python)
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
     host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
     advertised = args.advertise or f"http://{host}:{args.port}"
@@ -40,6 +43,7 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
             backend=args.backend,
             model=args.model,
             version=args.version,
+            role=args.role,
         )
         registration = ReplicaRegistration(cfg.kafka, cfg.topics.name("replicas"), info)
         registration.start()
@@ -60,12 +64,29 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
     """The backend's own `serve` options from `replica serve`'s flags (each backend's only)."""
-    common = {"max_model_len": args.max_model_len, "served_model_name": args.served_model_name}
+    common = {
+        "max_model_len": args.max_model_len,
+        "served_model_name": args.served_model_name,
+        # broadcast: a replica serves nothing until it holds the trainer's weights (a judge
+        # serves its own model and never gets them)
+        "await_weights": cfg.trainer.weight_transfer == "broadcast" and args.role == "policy",
+    }
     if args.backend == "hf":
         return common | {
             "threads": args.threads,
             "max_batch": args.max_batch,
             "prefix_cache_tokens": args.prefix_cache_tokens,
+            "role": args.role,  # the hf engine says it, and refuses weights as a judge
+        }
+    if args.backend == "sglang":
+        return common | {
+            "tp": args.tp,
+            "dp": args.dp,
+            "pp": args.pp,
+            **_serving_dtype(args.dtype, cfg.trainer.precision),
+            "internal_port": args.internal_port,
+            "extra_args": tuple(args.sglang_arg),
+            "python": args.sglang_python,
         }
     return common | {
         "tp": args.tp,
@@ -75,6 +96,7 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
         "internal_port": args.internal_port,
         "extra_args": tuple(args.vllm_arg),
         "python": args.vllm_python or cfg.vllm.python,
+        "return_routed_experts": args.routed_experts,
     }
 
 
@@ -88,6 +110,19 @@ def _serving_dtype(given: str | None, precision: str) -> dict[str, str]:
     dtype = given or _DTYPE_OF_PRECISION[precision]
     why = "--dtype" if given else f"trainer.precision={precision}; --dtype to change"
     return {"dtype": dtype, "dtype_reason": why}
+
+
+def _require_routing(backend: str, model: str) -> None:
+    """ConfigError unless `--routed-experts` can mean something here."""
+    from workers.llm.moe import is_moe
+
+    if backend != "vllm":
+        raise ConfigError(
+            f"--routed-experts is a vllm option, not {backend}'s (the hf engine returns a MoE "
+            "model's routing to every request that asks)"
+        )
+    if Path(model).expanduser().exists() and not is_moe(model):
+        raise ConfigError(f"--routed-experts: {model} is no Mixture-of-Experts model")
 
 
 def _require_free_port(host: str, port: int) -> None:
@@ -132,6 +167,12 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     if not worker_cfg.model:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
     checked_model_dir(worker_cfg.model, "--model" if args.model else "agent_loop.model")
+    if worker_cfg.llm.return_routed_experts is None:
+        # A MoE policy's routing rides to the trainer (routing replay) unless turned off.
+        from workers.llm.moe import is_moe
+
+        llm = worker_cfg.llm.model_copy(update={"return_routed_experts": is_moe(worker_cfg.model)})
+        worker_cfg = worker_cfg.model_copy(update={"llm": llm})
     metrics = _metrics("agent-loop", args)
 
     async def main() -> int:
@@ -220,6 +261,8 @@ def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
     if cfg.reward.tokenizer:
         flag = "--tokenizer" if args.tokenizer else "reward.tokenizer"
         checked_model_dir(cfg.reward.tokenizer, flag)
+    if cfg.reward.judge.enable and cfg.reward.judge.model:
+        checked_model_dir(cfg.reward.judge.model, "reward.judge.model")
 
     return int(run_worker(cfg.kafka, cfg.topics, cfg.reward, metrics=_metrics("reward", args)) or 0)
 
@@ -252,7 +295,9 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     # Ctrl-C while torch imports and the model loads ends the command at once; once the
     # trainer runs, it stops cleanly (checkpoint, result).
     stop, metrics = _stop_event_on_signals(graceful=False), _metrics("train", args)
-    result = run_trainer(cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics)
+    result = run_trainer(
+        cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics, transfer=cfg.weight_transfer
+    )
     print_json(asdict(result))
     return 0
 
@@ -298,13 +343,17 @@ def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    from workers.llm.replicas import BACKENDS  # names only: the package imports no backend
+    from workers.llm.replicas import backend_names  # names only: imports no backend
 
     replica = sub.add_parser("replica", help="Inference replicas.")
     rsub = replica.add_subparsers(dest="action", required=True)
     serve = rsub.add_parser("serve", help="Serve the replica contract over HTTP.")
     serve.add_argument(
-        "--backend", default="hf", choices=sorted(BACKENDS), help="hf (CPU) or vllm (GPUs)."
+        "--backend",
+        default="hf",
+        choices=backend_names(),
+        help="hf (CPU), vllm (GPUs) or sglang (GPUs; only where --sglang-python finds the "
+        "sglang package: README, SGLang).",
     )
     serve.add_argument("--model", required=True, help="Model directory.")
     serve.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
@@ -334,6 +383,13 @@ def add_parsers(sub: Any) -> None:
         help="Tokens of finished sequences' KV kept for reuse (hf).",
     )
     serve.add_argument("--register", action="store_true", help="Announce on the replicas topic.")
+    serve.add_argument(
+        "--role",
+        choices=["policy", "judge"],
+        default="policy",
+        help="judge: serves another model for reward.judge; the agent loops never route to "
+        "it and no weight update reaches it (default: policy).",
+    )
     serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
     for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
         serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
@@ -351,11 +407,29 @@ def add_parsers(sub: Any) -> None:
         "--internal-port", type=port, help="vLLM's own loopback port (vllm; default: a free one)."
     )
     serve.add_argument(
+        "--routed-experts",
+        action="store_true",
+        help="Return routed experts (vllm: a MoE model; needs vLLM's model runner V2, which "
+        "the CPU build lacks; the hf engine always can).",
+    )
+    serve.add_argument(
         "--vllm-arg",
         action="append",
         default=[],
         metavar="ARG",
         help="One more `vllm serve` argument, verbatim (repeat; --vllm-arg=-O0).",
+    )
+    serve.add_argument(
+        "--sglang-python",
+        metavar="PY",
+        help="Interpreter with SGLang (sglang; default .venv-sglang/bin/python if present).",
+    )
+    serve.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more SGLang server argument, verbatim (repeat; --sglang-arg=--log-level=debug).",
     )
     serve.set_defaults(handler=cmd_replica_serve)
 

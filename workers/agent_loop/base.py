@@ -9,7 +9,9 @@ verl's `AgentLoopOutput`: `prompt_ids`, `response_ids`, `response_mask` (1 model
 `metrics`, and `extra_fields` with `min_global_steps`/`max_global_steps`.
 
 Invariant: `response_ids` is exactly the concatenation of the turns' token ids, in order;
-text is never re-tokenized.
+text is never re-tokenized. An assistant turn's record carries its generation's
+`routed_experts` as the client returned it (None unless the client asks for routing: MoE
+policies); the reward stage assembles the trajectory's from them.
 
 Loops are registered with `@register("name")`; `workers.agent_loop.loops` looks them up (it
 imports the built-in loops, which import this module: the one-way order base → loops → lookup),
@@ -25,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from schemas.routing import RoutedExperts
+from workers.agent_loop.chat_format import ChatFormat
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.llm.contract import SamplingParams
 
@@ -53,6 +57,7 @@ class TurnRecord:
     tool_reward: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     prompt_ids: list[int] | None = None  # required on a trajectory's first turn
+    routed_experts: RoutedExperts | None = None  # the generation's, as `GenerateOutput` has it
 
 
 class AgentLoopOutput(BaseModel):
@@ -80,6 +85,9 @@ class AgentContext:
     max_prompt_length: int = 1024
     max_response_length: int = 512
     options: dict[str, Any] = field(default_factory=dict)  # per-loop settings from config
+    # The model's chat format (template, stop tokens, tool parser), built once by the worker;
+    # None: derived from `tokenizer` (and `options["tool_parser"]`) when a loop first needs it.
+    chat: ChatFormat | None = None
 
 
 class AgentLoopBase(ABC):
@@ -92,16 +100,22 @@ class AgentLoopBase(ABC):
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
         """Roll out one sample. `sample` has `messages`, `request_id`, `extra_info`, `uid`…"""
 
+    @property
+    def chat(self) -> ChatFormat:
+        """The model's chat format: the worker's, or one derived from the tokenizer."""
+        if self.ctx.chat is None:
+            parser = self.ctx.options.get("tool_parser")
+            self.ctx.chat = ChatFormat.load(
+                self.ctx.tokenizer, tool_parser=str(parser) if parser else None
+            )
+        return self.ctx.chat
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
-        """Tokenize the conversation once; the result is the prompt for every later turn."""
-        ids = self.ctx.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        ids = list(ids)
+        """Tokenize the conversation once (with `agent_loop.chat_template_kwargs`); the result
+        is the prompt for every later turn."""
+        ids = self.chat.prompt_ids(messages, tools)
         if len(ids) > self.ctx.max_prompt_length:
             raise AgentLoopError(
                 f"prompt has {len(ids)} tokens, "

@@ -1,8 +1,9 @@
 """`single_turn_agent`: chat template, one generation, mask all ones.
 
 The prompt is tokenized once with the chat template; the response is exactly the generated
-tokens. The generation budget is the smaller of the sampling params' `max_tokens` and the
-configured response length.
+tokens, which stop on the model's end-of-turn token and every eos (`ChatFormat.stop_ids`).
+The generation budget is the smaller of the sampling params' `max_tokens` and the configured
+response length.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ class SingleTurnAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
         prompt_ids = self.apply_chat_template(sample["messages"])
         budget = min(sampling_params.max_tokens, self.ctx.max_response_length)
-        params = sampling_params.model_copy(update={"max_tokens": budget})
+        stops = self.chat.stop_ids(ignore_eos=sampling_params.ignore_eos)
+        params = sampling_params.model_copy(
+            update={
+                "max_tokens": budget,
+                "stop_token_ids": sorted({*sampling_params.stop_token_ids, *stops}),
+            }
+        )
         out = await self.ctx.llm.generate(sample["request_id"], prompt_ids, params)
         logprobs = list(out.logprobs) if out.logprobs else [0.0] * len(out.token_ids)
         await self.ctx.on_turn(
@@ -32,6 +39,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
                 max_global_steps=out.max_global_steps,
                 stop_reason=out.finish_reason,
                 prompt_ids=prompt_ids,
+                routed_experts=out.routed_experts,
             )
         )
         return AgentLoopOutput(

@@ -3,15 +3,19 @@
     PENDING ──► GENERATING ──► PROCESSING_TOOLS ──► GENERATING ──► … ──► TERMINATED
 
 - PENDING: the chat template (with the offered tools' schemas) is applied once.
-- GENERATING: one assistant turn, token-in/token-out, with the tool parser's stop tokens
-  added to `stop_token_ids`; tokens get mask 1 and their logprobs. The decoded turn is
-  parsed for tool calls (only to read them: the tokens are kept as generated).
+- GENERATING: one assistant turn, token-in/token-out, stopping on the model's end-of-turn
+  token, every eos and the tool parser's stop tokens (`ChatFormat.stop_ids`; a stop string
+  that is no token cuts the turn after it); tokens get mask 1 and their logprobs. The
+  decoded turn is parsed for tool calls (only to read them: the tokens are kept as
+  generated).
 - PROCESSING_TOOLS: the turn's calls run concurrently (at most `max_parallel_calls`); each
   result becomes a tool message, truncated to `max_tool_response_length` characters
-  (left/right/middle), and the tool block's tokens (closing the assistant turn if the model
-  stopped on `</tool_call>`, the tool responses, the next generation prompt) are appended
-  with mask 0. An unknown tool, invalid JSON arguments or a failing tool become an error
-  tool response to the model, never a crash.
+  (left/right/middle), and the tool block's tokens are appended with mask 0: exactly what
+  the model's chat template puts between that turn and the next generation prompt (the rest
+  of the turn's end if the model stopped on a parser's stop token, the tool responses, the
+  generation prompt), tokenized alone (`ChatFormat.tool_block_ids`). An unknown tool,
+  invalid JSON arguments or a failing tool become an error tool response to the model, never
+  a crash.
 - TERMINATED: no tool call, `max_assistant_turns` / `max_user_turns` reached, or the
   response budget spent (finish reason `length`).
 
@@ -31,7 +35,7 @@ from typing import Any
 
 from workers.agent_loop.base import AgentLoopBase, AgentLoopOutput, TurnRecord, register
 from workers.agent_loop.exceptions import AgentLoopError
-from workers.llm.contract import SamplingParams
+from workers.llm.contract import GenerateOutput, SamplingParams
 
 __all__ = ["AgentData", "AgentState", "ToolAgentLoop", "truncate"]
 
@@ -93,20 +97,20 @@ def truncate(text: str, limit: int, side: str = "middle") -> str:
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     """Options (`AgentContext.options`): max_assistant_turns, max_user_turns,
-    max_parallel_calls, max_tool_response_length, tool_response_truncate_side, tool_parser."""
+    max_parallel_calls, max_tool_response_length, tool_response_truncate_side. The tool-call
+    parser is the chat format's (`agent_loop.tool_parser`)."""
 
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
-        from workers.agent_loop.parsers import get_parser
-
-        opts = self.ctx.options
-        self.parser = get_parser(opts.get("tool_parser", "hermes"))
         extra_info = sample.get("extra_info") or {}
         tools = self._select_tools(extra_info)
         self.create_kwargs = _create_kwargs(extra_info, tools)
+        self.schemas = [_schema_of(tool) for tool in tools.values()]
+        self.parser = self.chat.parser(self.schemas)
+        self.prompt_messages = list(sample["messages"])
+        self.ended_by: str | None = None  # what ended the last assistant turn
         data = AgentData(
             messages=list(sample["messages"]), request_id=sample["request_id"], tools=tools
         )
-        self.stop_ids = self._stop_token_ids()
         state = AgentState.PENDING
         try:
             while state is not AgentState.TERMINATED:
@@ -143,8 +147,7 @@ class ToolAgentLoop(AgentLoopBase):
     # --- states ---------------------------------------------------------------------
 
     async def _pending(self, data: AgentData) -> AgentState:
-        schemas = [_schema_of(tool) for tool in data.tools.values()]
-        data.prompt_ids = self.apply_chat_template(data.messages, tools=schemas)
+        data.prompt_ids = self.apply_chat_template(data.messages, tools=self.schemas)
         data.context_ids = list(data.prompt_ids)
         for name, tool in data.tools.items():
             data.instances[name] = await tool.create(None, **self.create_kwargs.get(name, {}))
@@ -155,11 +158,17 @@ class ToolAgentLoop(AgentLoopBase):
         if budget <= 0:
             data.finish_reason = "length"
             return AgentState.TERMINATED
-        stops = sorted({*sampling_params.stop_token_ids, *self.stop_ids})
+        stops = self.chat.stop_ids(ignore_eos=sampling_params.ignore_eos, tool_calls=True)
         params = sampling_params.model_copy(
-            update={"max_tokens": min(sampling_params.max_tokens, budget), "stop_token_ids": stops}
+            update={
+                "max_tokens": min(sampling_params.max_tokens, budget),
+                "stop_token_ids": sorted({*sampling_params.stop_token_ids, *stops}),
+            }
         )
-        out = await self.ctx.llm.generate(data.request_id, data.context_ids, params)
+        out = self._stopped(
+            await self.ctx.llm.generate(data.request_id, data.context_ids, params),
+            len(data.context_ids),
+        )
         tokens = list(out.token_ids)
         logprobs = list(out.logprobs) if out.logprobs else [0.0] * len(tokens)
         data.add(tokens, 1, logprobs)
@@ -184,6 +193,7 @@ class ToolAgentLoop(AgentLoopBase):
                 out.max_global_steps,
                 out.finish_reason,
                 prompt_ids=data.prompt_ids if data.assistant_turns == 1 else None,
+                routed_experts=out.routed_experts,
             )
         )
         if out.finish_reason == "length" or len(data.response_ids) >= self.ctx.max_response_length:
@@ -213,11 +223,18 @@ class ToolAgentLoop(AgentLoopBase):
         side = str(self.ctx.options.get("tool_response_truncate_side", "middle"))
         cap = int(self.ctx.options.get("max_tool_response_length", 256))
         rewards = []
-        for text, reward in results:
-            tool_messages.append({"role": "tool", "content": truncate(text, cap, side)})
+        for call, (text, reward) in zip(calls, results, strict=True):
+            message = {"role": "tool", "content": truncate(text, cap, side)}
+            if call.name:
+                message["name"] = call.name
+            if call.id:
+                message["tool_call_id"] = call.id
+            tool_messages.append(message)
             if reward is not None:
                 rewards.append(reward)
-        ids = self._tool_block_ids(data, tool_messages)
+        ids = self.chat.tool_block_ids(
+            self.prompt_messages, self.schemas, tool_messages, self.ended_by
+        )
         if len(data.response_ids) + len(ids) >= self.ctx.max_response_length:
             data.finish_reason = "length"
             return AgentState.TERMINATED
@@ -272,26 +289,27 @@ class ToolAgentLoop(AgentLoopBase):
             return f"Error: tool {call.name!r} timed out after {timeout:g} s", None
         return result.text, result.reward
 
-    def _tool_block_ids(self, data: AgentData, tool_messages: list[dict[str, Any]]) -> list[int]:
-        tok = self.ctx.tokenizer
-        ids: list[int] = []
-        end = tok.convert_tokens_to_ids("<|im_end|>")
-        if data.response_ids and data.response_ids[-1] != end:
-            ids.extend(tok.encode("<|im_end|>\n", add_special_tokens=False))
-        block = tok.apply_chat_template(tool_messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(block, dict) or hasattr(block, "input_ids"):
-            block = block["input_ids"]
-        ids.extend(block)
-        return ids
-
-    def _stop_token_ids(self) -> list[int]:
-        tok = self.ctx.tokenizer
-        out = []
-        for text in getattr(self.parser, "stop_strings", ()):
-            token = tok.convert_tokens_to_ids(text)
-            if isinstance(token, int) and token != tok.unk_token_id and token is not None:
-                out.append(token)
-        return out
+    def _stopped(self, out: GenerateOutput, fed: int) -> GenerateOutput:
+        """The turn as the loop keeps it, and what ended it (for the tool block): cut after a
+        parser's stop string that is no token of its own, since the replica stops on token
+        ids only and generated past it; `fed` is the context's length."""
+        tokens = list(out.token_ids)
+        cut = self.chat.cut(tokens)
+        if cut is None:
+            stopped = out.finish_reason == "stop" and bool(tokens)
+            self.ended_by = self.chat.text_of(tokens[-1]) if stopped else None
+            return out
+        keep, self.ended_by = cut
+        update: dict[str, Any] = {
+            "token_ids": tokens[:keep],
+            "logprobs": list(out.logprobs)[:keep],
+            "finish_reason": "stop",
+        }
+        if out.routed_experts is not None:
+            # Routing covers every position fed, the last token never: of the kept sequence,
+            # the context and all kept tokens but the last.
+            update["routed_experts"] = out.routed_experts.head(fed + keep - 1)
+        return out.model_copy(update=update)
 
     def _select_tools(self, extra_info: dict[str, Any]) -> dict[str, Any]:
         selection = extra_info.get("tool_selection")

@@ -21,10 +21,20 @@ Retry policy:
     - every generation is capped at `max_total_time_s` of wall time (`GenerationTimeoutError`).
 
 Replicas join and leave at run time (`add_replicas` / `remove_replicas`, fed later from the
-`rl.replicas` topic). A background task probes `/health` of every known replica every
-`health_interval_s` (`workers.llm.health`): `health_failures` consecutive failures take a
-replica out of routing, one success brings it back. Cancelling a `generate` aborts its request
+`rl.replicas` topic). A client routes to one role of replica (`role`: `policy` for the agent
+loops, `judge` for the reward stage's judge): a `ReplicaInfo` of another role is never added
+(the balancer refuses it); a bare URL is taken as the client's own role. A background task
+probes `/health` of every known replica every `health_interval_s` (`workers.llm.health`):
+`health_failures` consecutive failures take a replica out of routing, one success brings it
+back. Cancelling a `generate` aborts its request
 on the replica (best effort).
+
+Routed experts (`return_routed_experts`, MoE models): every piece asks for the routing of the
+positions it fed, from position 0; the generation keeps the first piece's and appends from each
+later piece only the positions past what it holds (`RoutedExperts.extended_by`), so tokens
+generated under an earlier policy version keep the routing recorded then. Only pieces that
+produced tokens (or finished) count, as for the tokens themselves; a piece whose routing does
+not cover exactly its context + tokens − 1 positions breaks the contract (a failure, retried).
 
 Seeds: a `seed` in the sampling params seeds the whole generation, not each request alike.
 Every piece is sent with `piece_seed(seed, request_id, context length)`, so the n samples of
@@ -46,6 +56,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from schemas.events import ReplicaRole
 from workers.llm.balancer import Balancer, Replica
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import (
@@ -66,9 +77,9 @@ from workers.llm.exceptions import (
     ReplicaServerError,
     ReplicaTimeoutError,
     ReplicaUnavailableError,
-    RetriesExhaustedError,
 )
 from workers.llm.health import HealthChecker
+from workers.llm.progress import Progress, routing_problem
 
 __all__ = ["ClientState", "LLMClient", "LLMClientConfig", "ReplicaLike", "piece_seed"]
 
@@ -80,6 +91,7 @@ class _ReplicaInfoLike(Protocol):
     replica_id: str
     address: str
     version: int
+    role: ReplicaRole
 
 
 ReplicaLike = Replica | _ReplicaInfoLike | str
@@ -92,12 +104,13 @@ class ClientState(enum.Enum):
     CLOSED = "closed"
 
 
-def _to_replica(item: ReplicaLike) -> Replica:
+def _to_replica(item: ReplicaLike, role: ReplicaRole) -> Replica:
+    """`item` as a `Replica`; a bare URL is one of `role` (whoever names it knows)."""
     if isinstance(item, Replica):
         return item
     if isinstance(item, str):
-        return Replica(item.rstrip("/"), item)
-    return Replica(item.replica_id, item.address, item.version)
+        return Replica(item.rstrip("/"), item, role=role)
+    return Replica(item.replica_id, item.address, item.version, role=item.role)
 
 
 def _error_message(raw: bytes) -> tuple[str, str]:
@@ -108,46 +121,24 @@ def _error_message(raw: bytes) -> tuple[str, str]:
         return raw[:500].decode(errors="replace"), ""
 
 
-class _Progress:
-    """What one generation has so far (mutable, private to one `generate` call)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []  # of pieces that produced tokens
-        self.last_version: int | None = None
-        self.replicas: list[str] = []
-        self.pieces = 0
-
-    def output(self, finish: str) -> GenerateOutput:
-        vs = self.versions or ([self.last_version] if self.last_version is not None else [0])
-        return GenerateOutput(
-            token_ids=self.tokens,
-            logprobs=self.logprobs,
-            finish_reason=finish,  # type: ignore[arg-type]
-            min_global_steps=min(vs),
-            max_global_steps=max(vs),
-            pieces=self.pieces,
-            replicas=self.replicas,
-        )
-
-    def exhausted(self, message: str, *, last_error: BaseException | None) -> RetriesExhaustedError:
-        """The error that ends this generation's retries, carrying what it has so far."""
-        return RetriesExhaustedError(message, last_error=last_error, partial=self.output("abort"))
-
-
 class LLMClient:
     """Resumable generation over a changing set of replicas. Use as `async with LLMClient(...)`."""
 
     def __init__(
-        self, config: LLMClientConfig | None = None, replicas: Iterable[ReplicaLike] = ()
+        self,
+        config: LLMClientConfig | None = None,
+        replicas: Iterable[ReplicaLike] = (),
+        *,
+        role: ReplicaRole = "policy",
     ) -> None:
+        """`role`: the replicas this client routes to (the others are never added)."""
         self.config = config or LLMClientConfig()
         self.balancer = Balancer(
             sticky_size=self.config.sticky_size,
             deterministic=self.config.deterministic,
             routing=self.config.routing,
             load_ttl_s=self.config.load_ttl_s,
+            role=role,
         )
         self.state = ClientState.NEW
         self._session: aiohttp.ClientSession | None = None
@@ -206,7 +197,7 @@ class LLMClient:
     # ---- membership --------------------------------------------------------------------------
 
     def add_replicas(self, replicas: Iterable[ReplicaLike]) -> list[Replica]:
-        added = self.balancer.add_replicas(_to_replica(r) for r in replicas)
+        added = self.balancer.add_replicas(_to_replica(r, self.balancer.role) for r in replicas)
         if self.balancer.routable():
             self._routable.set()
         return added
@@ -224,8 +215,11 @@ class LLMClient:
         request_id: str,
         prompt_ids: Sequence[int],
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        return_routed_experts: bool | None = None,
     ) -> GenerateOutput:
-        """Generate until a real finish, resuming across aborts and replica failures."""
+        """Generate until a real finish, resuming across aborts and replica failures.
+        `return_routed_experts`: None reads the config's (module docstring)."""
         if self.state is not ClientState.OPEN:
             raise ClientClosedError(f"client is {self.state.value}")
         params = (
@@ -234,12 +228,19 @@ class LLMClient:
             else SamplingParams.model_validate(sampling_params or {})
         )
         body = params.model_dump()
+        routed = bool(
+            self.config.return_routed_experts
+            if return_routed_experts is None
+            else return_routed_experts
+        )
+        if routed:
+            body["return_routed_experts"] = True
         budget = params.max_tokens
         want_logprobs = params.logprobs is not None
         cfg = self.config
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.max_total_time_s
-        got = _Progress()
+        got = Progress()
         failures = idle_aborts = 0
         last_error: BaseException | None = None
         self.counters["generations"] += 1
@@ -282,16 +283,16 @@ class LLMClient:
                 got.last_version = version
                 n = len(choice.token_ids)
                 lps = (choice.logprobs or {}).get("token_logprobs", []) if want_logprobs else []
-                if want_logprobs and len(lps) != n:
+                progress = bool(n) or choice.finish_reason != "abort"
+                broken = routing_problem(choice, len(body["prompt"]), routed and progress)
+                if (want_logprobs and len(lps) != n) or broken:
                     failures += 1
                     last_error = ReplicaServerError(
-                        f"{len(lps)} logprobs for {n} tokens", replica_id=rep.replica_id
+                        broken or f"{len(lps)} logprobs for {n} tokens", replica_id=rep.replica_id
                     )
-                elif n or choice.finish_reason != "abort":
-                    got.tokens.extend(choice.token_ids)
-                    got.logprobs.extend(lps)
+                elif progress:
+                    got.add(choice, version, lps, routed=routed)
                     if n:
-                        got.versions.append(version)
                         failures = idle_aborts = 0  # progress: only failures in a row count
                     if choice.finish_reason != "abort":
                         return got.output(choice.finish_reason)
@@ -334,7 +335,7 @@ class LLMClient:
             delay *= 1.0 + cfg.backoff_jitter * random.random()
             await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
 
-    async def _acquire(self, request_id: str, deadline: float, got: _Progress) -> Replica:
+    async def _acquire(self, request_id: str, deadline: float, got: Progress) -> Replica:
         loop = asyncio.get_running_loop()
         until = min(deadline, loop.time() + self.config.no_replica_wait_s)
         while True:

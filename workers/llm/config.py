@@ -78,6 +78,12 @@ class LLMClientConfig(BaseModel):
     max_connections: int = Field(
         default=0, ge=0, description="Open HTTP connections in total; 0 means no limit."
     )
+    return_routed_experts: bool | None = Field(
+        default=None,
+        description="Ask for the routed experts of every generation (Mixture-of-Experts "
+        "policies, for the trainer's routing replay). None: `rollout worker agent-loop` turns "
+        "it on when the model's config.json is MoE; a client built directly reads it as off.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LLMClientConfig:

@@ -9,20 +9,37 @@ out. OpenAI's shape where OpenAI has a word for it, vLLM's names elsewhere:
     POST /resume                                           let waiting requests run
     GET  /is_paused        {"is_paused": bool}
     POST /update_weights   UpdateWeightsRequest            pause, load, set version, resume
-    GET  /health           {"status": "ok", "version": int, "load": int, "capacity": int}
+    GET  /health           {"status": "ok", "version": int, "load": int, "capacity": int,
+                           "role": "policy" | "judge"} (no role: it serves the policy; a judge
+                           answers /update_weights with 409; the hf engine says its role in
+                           /health and /info, other backends say none)
+                           (503 with "awaiting_weights": true when started for broadcast
+                           weights and not holding the trainer's yet: it serves nothing)
     GET  /info             ReplicaStatus
     GET  /metrics          Prometheus text (rollout_replica_* names, label replica)
     GET  /v1/models
 
 A request that cannot be served (malformed JSON, unknown parameter, prompt past the context)
 gets a 4xx with `{"error": {"message", "type"}}`; the server keeps serving.
+
+Routed experts (Mixture-of-Experts models): a request with `return_routed_experts: true` gets
+`choices[0].routed_experts`, a `schemas.routing.RoutedExperts` of every position the engine fed
+from position 0, prompt and generated tokens (all but the last sampled token, which is never
+fed), in MoE-layer order, packed u1 (≤ 256 experts) or <i2. A dense model answers such a
+request with 400 (`invalid_request_error`) saying it routes nothing; a backend that cannot
+return routing (a vLLM replica started without it) answers 400 likewise, never a silent None.
+A request aborted before anything was fed has no routing to give (empty from `hf`, null from
+vLLM); the client only reads routing of pieces that produced tokens. Without the flag nothing
+is recorded and the field is null.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.routing import RoutedExperts
 
 __all__ = [
     "CAPACITY_HEADER",
@@ -75,6 +92,9 @@ class CompletionRequest(SamplingParams):
     prompt: list[int] = Field(min_length=1, description="Prompt token ids.")
     request_id: str | None = Field(default=None, description="Id for abort; sticky routing key.")
     return_token_ids: bool = True
+    return_routed_experts: bool = Field(
+        default=False, description="Return the routed experts of every position (MoE models)."
+    )
     stream: Literal[False] = False
 
     def sampling(self) -> SamplingParams:
@@ -92,6 +112,9 @@ class CompletionChoice(BaseModel):
     )
     finish_reason: FinishReason
     stop_reason: int | None = Field(default=None, description="The stop token id, if any.")
+    routed_experts: RoutedExperts | None = Field(
+        default=None, description="Experts of each position fed, when asked (module docstring)."
+    )
 
 
 class CompletionResponse(BaseModel):
@@ -105,10 +128,22 @@ class CompletionResponse(BaseModel):
 
 
 class UpdateWeightsRequest(BaseModel):
+    """Load `path` (a checkpoint directory), or receive `transfer` (a grant of the trainer's,
+    `workers.transfer.protocol.Grant`, checked by the receiver): exactly one of the two."""
+
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="Checkpoint directory (safetensors + config).")
+    path: str = Field(default="", description="Checkpoint directory (safetensors + config).")
     version: int = Field(ge=0, description="Policy version these weights are.")
+    transfer: dict[str, Any] | None = Field(
+        default=None, description="The trainer's grant: receive the weights over its group."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpdateWeightsRequest:
+        if bool(self.path) == (self.transfer is not None):
+            raise ValueError("give exactly one of path and transfer")
+        return self
 
 
 class ReplicaStatus(BaseModel):
@@ -132,3 +167,8 @@ class GenerateOutput(BaseModel):
     max_global_steps: int
     pieces: int = Field(default=1, description="Requests it took (1 + resumes).")
     replicas: list[str] = Field(default_factory=list, description="Replica ids, in order.")
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="When asked: the routing of prompt + tokens from position 0, each position "
+        "as the piece that first fed it recorded it (append-only across resumes).",
+    )

@@ -3,7 +3,8 @@
 `init_model(out_dir, preset, seed, reward_model)` writes a directory that loads like a hub
 model with `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 (or `AutoModelForSequenceClassification` with `reward_model=True`), and that vLLM also serves:
-`Qwen2ForCausalLM`, fp32 safetensors, a `generation_config.json` whose eos is `<|im_end|>`.
+`Qwen2ForCausalLM` (`Qwen3MoeForCausalLM` for the `moe` preset), fp32 safetensors, a
+`generation_config.json` whose eos is `<|im_end|>`.
 
 Invariants:
 - The tokenizer does not depend on `seed` or `preset`: it is a byte-level BPE trained with the
@@ -19,6 +20,10 @@ Invariants:
   `tool_calls` render as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, tool
   results as `<tool_response>` blocks inside a user turn; `add_generation_prompt` appends
   `<|im_start|>assistant\\n`.
+- `template` picks another chat-format family (`workers.llm.templates`: llama3_json, mistral,
+  qwen3_coder, deepseek_v3): its special tokens, eos, every generation eos and template, and
+  a tokenizer trained on the same corpus rendered in that format. The default, `hermes`, is
+  the project's own format above, and the tokenizer of every family is a pure function of it.
 """
 
 from __future__ import annotations
@@ -29,18 +34,22 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
+from workers.llm.templates import FAMILIES, TemplateFamily
+
 __all__ = [
     "CHAT_TEMPLATE",
+    "HERMES",
     "PRESETS",
     "SPECIAL_TOKENS",
     "TOOL_TOKENS",
     "build_tokenizer",
     "init_model",
+    "template_family",
 ]
 
 logger = logging.getLogger("rollout.llm.model_init")
 
-Preset = Literal["tiny", "small"]
+Preset = Literal["tiny", "small", "moe"]
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS: tuple[str, ...] = (
@@ -69,7 +78,21 @@ PRESETS: dict[str, dict[str, int]] = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
     },
+    # Qwen3-MoE: every layer routes each token to 2 of 8 experts (`MOE_PRESETS`).
+    "moe": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+    },
 }
+MOE_PRESETS = frozenset({"moe"})
+"""Presets built as `Qwen3MoeForCausalLM` (every layer MoE, normalised top-k weights)."""
 
 # A backslash at a line's end continues the line: the template's text has no line break there.
 CHAT_TEMPLATE = """{%- if tools %}
@@ -110,6 +133,31 @@ For each function call, return a json object with function name and arguments wi
 {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+HERMES = TemplateFamily(
+    name="hermes",
+    chat_template=CHAT_TEMPLATE,
+    special_tokens=SPECIAL_TOKENS,
+    added_tokens=TOOL_TOKENS,
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+    end_of_text="<|endoftext|>",
+    generation_eos=("<|im_end|>",),
+    parser="hermes",
+)
+"""The project's own chat format (`--template hermes`, the default)."""
+
+
+def template_family(name: str) -> TemplateFamily:
+    """The chat-format family `name`: `hermes` or one of `workers.llm.templates.FAMILIES`."""
+    if name == HERMES.name:
+        return HERMES
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        known = ", ".join([HERMES.name, *FAMILIES])
+        raise ValueError(f"unknown chat template {name!r}; expected one of {known}") from None
+
 
 # Qwen2's pre-tokenizer split: contractions, words, single digits, punctuation runs, spaces.
 _SPLIT_PATTERN = (
@@ -218,13 +266,14 @@ def _render(template: Any, messages: list[dict[str, Any]], tools: Any = None) ->
     return str(template.render(messages=messages, tools=tools, add_generation_prompt=False))
 
 
-def _corpus(n_docs: int = 3000) -> list[str]:
-    """The tokenizer's training text: a fixed function of `_CORPUS_SEED`."""
+def _corpus(n_docs: int = 3000, family: TemplateFamily = HERMES) -> list[str]:
+    """The tokenizer's training text, rendered in `family`'s format: a fixed function of
+    `_CORPUS_SEED` and the family."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
-    template = env.from_string(CHAT_TEMPLATE)
+    template = env.from_string(family.chat_template)
     rng = random.Random(_CORPUS_SEED)
     docs: list[str] = []
     for i in range(n_docs):
@@ -263,12 +312,13 @@ def _corpus(n_docs: int = 3000) -> list[str]:
             docs.append(" ".join(words).capitalize() + rng.choice((".", "?", "!", ":")))
         else:
             nums = " ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(12))
-            docs.append(f"{nums}\n#### {rng.randint(0, 9999)}<|endoftext|>")
+            docs.append(f"{nums}\n#### {rng.randint(0, 9999)}{family.end_of_text}")
     return docs
 
 
-def build_tokenizer() -> Any:
-    """Train the byte-level BPE and wrap it as a `PreTrainedTokenizerFast` (not yet saved)."""
+def build_tokenizer(template: str = "hermes") -> Any:
+    """Train the byte-level BPE and wrap it as a `PreTrainedTokenizerFast` (not yet saved),
+    with the special tokens and chat template of the family `template`."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -280,24 +330,25 @@ def build_tokenizer() -> Any:
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    family = template_family(template)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
-        special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=VOCAB_SIZE - len(family.added_tokens),
+        special_tokens=list(family.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tok.train_from_iterator(_corpus(family=family), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added_tokens])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=family.eos,
+        pad_token=family.pad,
         unk_token=None,
-        bos_token=None,
+        bos_token=family.bos,
         model_max_length=MAX_CONTEXT,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = family.chat_template
     return fast
 
 
@@ -313,24 +364,31 @@ def init_model(
     preset: Preset = "tiny",
     seed: int = 0,
     reward_model: bool = False,
+    template: str = "hermes",
 ) -> Path:
     """Write a randomly initialised Qwen2 model and the project tokenizer into `out_dir`.
 
     Returns the directory. `reward_model=True` writes a `Qwen2ForSequenceClassification`
-    with one label (a scalar score) instead of the causal LM.
+    with one label (a scalar score) instead of the causal LM. `template` names the chat-format
+    family of the tokenizer (`template_family`).
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config
+    from transformers import GenerationConfig, Qwen2Config, Qwen3MoeConfig
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    family = template_family(template)
+    tokenizer = build_tokenizer(template)
     vocab = len(tokenizer)
-    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = Qwen2Config(
+    pad_id = tokenizer.convert_tokens_to_ids(family.pad)
+    eos_id = tokenizer.convert_tokens_to_ids(family.eos)
+    stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in family.generation_eos]
+    moe = preset in MOE_PRESETS
+    if moe and reward_model:
+        raise ValueError(f"preset {preset!r} is a causal LM only; a reward model is tiny or small")
+    config = (Qwen3MoeConfig if moe else Qwen2Config)(
         vocab_size=vocab,
         max_position_embeddings=MAX_CONTEXT,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -339,12 +397,15 @@ def init_model(
         eos_token_id=eos_id,
         bos_token_id=None,
         **PRESETS[preset],
+        **({"norm_topk_prob": True, "decoder_sparse_step": 1} if moe else {}),
     )
     config.dtype = torch.float32
     if reward_model:
         from transformers import Qwen2ForSequenceClassification as model_cls
 
         config.num_labels = 1
+    elif moe:
+        from transformers import Qwen3MoeForCausalLM as model_cls
     else:
         from transformers import Qwen2ForCausalLM as model_cls
     with torch.random.fork_rng(devices=[]):
@@ -353,7 +414,10 @@ def init_model(
     model.eval()
     if not reward_model:
         model.generation_config = GenerationConfig(
-            eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None, do_sample=True
+            eos_token_id=stop_ids[0] if len(stop_ids) == 1 else stop_ids,
+            pad_token_id=pad_id,
+            bos_token_id=None,
+            do_sample=True,
         )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -22,6 +22,12 @@ Rules (one attempt per trajectory, the first attempt to complete wins):
 - a trajectory is complete when its final turn (`final=True`, index k) and every turn
   0..k of the held attempt are present, whatever order they arrived in.
 
+The trajectory's `routed_experts` (MoE policies) is the turns' routing folded in turn order,
+append-only: each turn's covers the trajectory from position 0, and a position keeps the
+routing of the first turn that recorded it (`RoutedExperts.extended_by`); None when no turn
+carries any. Turns of different model shapes, or routing past the trajectory's tokens, are a
+`DecodeError` (cause `routing`): the trajectory is dead-lettered with that reason.
+
 Turns are kept as the raw bytes they arrived in (decoded again only at completion), so the
 state costs no re-encoding. A DONE state keeps no turns: it is a small marker that makes
 later duplicates cheap to recognise (the stage deletes it after its retention).
@@ -39,6 +45,7 @@ import orjson
 from schemas.codec import decode_as
 from schemas.errors import DecodeError
 from schemas.events import TurnEvent
+from schemas.routing import RoutedExperts
 
 __all__ = [
     "Assembled",
@@ -178,6 +185,25 @@ def _add(state: TrajectoryState, turn: TurnEvent, raw: bytes) -> None:
         state.final_index = turn.turn_index
 
 
+def _routing(turns: list[TurnEvent], positions: int) -> RoutedExperts | None:
+    """The turns' routing, append-only in turn order (module docstring)."""
+    folded: RoutedExperts | None = None
+    for turn in turns:
+        piece = turn.routed_experts
+        if piece is None:
+            continue
+        try:
+            folded = piece if folded is None else folded.extended_by(piece)
+        except ValueError as exc:
+            raise DecodeError(f"turn {turn.turn_index}: {exc}", cause="routing") from exc
+    if folded is not None and folded.tokens > positions:
+        raise DecodeError(
+            f"routed_experts cover {folded.tokens} positions, past the trajectory's {positions}",
+            cause="routing",
+        )
+    return folded
+
+
 @dataclass
 class Assembled:
     """A complete trajectory, everything but the score (`ScoredTrajectory` minus reward)."""
@@ -247,6 +273,7 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         "prompt_digest": first.prompt_digest,
         "finish_reason": next((t.stop_reason for t in reversed(turns) if t.loss_mask), None),
         "extra_fields": extra_fields,
+        "routed_experts": _routing(turns, len(first.prompt_ids) + len(response_ids)),
     }
     return Assembled(
         fields=fields,

@@ -15,8 +15,11 @@ For B samples with longest prompt P and longest response R:
 - `truncated`      [B]       1 where the response was cut at its token budget
   (`finish_reason == "length"`), for the trainer's `mask_truncated` (DAPO's overlong filter)
 
-Metadata rides along: trajectory ids, uids, each sample's `min/max_global_steps`. Torch is
-imported by the functions that need it, so importing this module stays light.
+Metadata rides along: trajectory ids, uids, each sample's `min/max_global_steps`, and for a
+Mixture-of-Experts policy each sample's `routed_experts` (the rollout's routing of its prompt +
+response positions, `schemas.routing.RoutedExperts`; None where a sample has none, and the
+whole list None when no sample has any). Torch is imported by the functions that need it, so
+importing this module stays light.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas.advantages import grpo_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
+from schemas.routing import RoutedExperts
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +62,7 @@ class TrajectoryBatch:
     max_global_steps: list[int]
     prompt_length: int
     extra: dict[str, Any] = field(default_factory=dict)
+    routed_experts: list[RoutedExperts | None] | None = None  # per sample (module docstring)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -83,6 +88,7 @@ class TrajectoryBatch:
             self.max_global_steps,
             self.prompt_length,
             dict(self.extra),
+            self.routed_experts,
         )
 
     def select(self, lo: int, hi: int) -> TrajectoryBatch:
@@ -95,6 +101,7 @@ class TrajectoryBatch:
             self.max_global_steps[lo:hi],
             self.prompt_length,
             dict(self.extra),
+            None if self.routed_experts is None else self.routed_experts[lo:hi],
         )
 
     def split(self, size: int) -> list[TrajectoryBatch]:
@@ -142,6 +149,7 @@ def collate(
         old_logprobs[i, :lr] = s.response_logprobs
         if lr:
             rewards[i, lr - 1] = s.reward_score
+    routed = [s.routed_experts for s in samples]
     attention = torch.from_numpy(np.concatenate([prompt_att, resp_att], axis=1))
     mask_t = torch.from_numpy(response_mask)
     adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(-1) * mask_t
@@ -164,6 +172,7 @@ def collate(
         min_global_steps=[s.extra_fields.min_global_steps for s in samples],
         max_global_steps=[s.extra_fields.max_global_steps for s in samples],
         prompt_length=p,
+        routed_experts=routed if any(r is not None for r in routed) else None,
     )
 
 

@@ -211,3 +211,54 @@ def test_every_event_reads_its_versions_the_same_way() -> None:
     )
     for event in (scored, group):
         assert (event.min_global_steps, event.max_global_steps) == (3, 5)
+
+
+def test_routed_experts_ride_a_trajectory_packed_and_within_its_positions() -> None:
+    from schemas.routing import RoutedExperts
+
+    good = orjson.loads(encode(make_events()[3]))
+    assert "routed_experts" not in good  # a dense policy's: the bytes of before the field
+    assert "routed_experts" not in orjson.loads(encode(make_events()[1]))  # a turn's too
+    rows = np.arange(8 * 3 * 2).reshape(8, 3, 2) % 8  # 4 prompt + 5 response, last not fed
+    routed = RoutedExperts.from_array(rows, num_experts=8)
+    with_routing = {**good, "routed_experts": routed.model_dump(mode="json")}
+    assert isinstance(with_routing["routed_experts"]["experts"], str)  # base64 of u1
+    event = decode(orjson.dumps(with_routing))
+    assert event.routed_experts == routed
+    group = make_events()[4].model_copy(update={"samples": [event]})
+    assert decode(encode(group)).samples[0].routed_experts == routed  # rides to rl.replay
+    past = RoutedExperts.from_array(np.zeros((10, 3, 2), dtype=np.uint8), num_experts=8)
+    with pytest.raises(DecodeError, match="past the 9 of prompt_ids"):
+        decode(orjson.dumps({**good, "routed_experts": past.model_dump(mode="json")}))
+
+
+def test_a_replicas_role_is_on_the_wire_only_when_it_is_a_judge() -> None:
+    from schemas.events import ReplicaInfo
+
+    policy = ReplicaInfo(replica_id="p", address="http://h:1", backend="hf")
+    judge = policy.model_copy(update={"replica_id": "j", "role": "judge"})
+    # A policy replica's record is what readers that predate roles read (extra="forbid").
+    assert "role" not in orjson.loads(encode(policy))
+    assert decode(encode(policy)).role == "policy" and decode(encode(judge)).role == "judge"
+    with pytest.raises(DecodeError):
+        decode(orjson.dumps({**orjson.loads(encode(policy)), "role": "critic"}))
+
+
+def test_a_policy_version_without_transfer_encodes_as_before_the_field() -> None:
+    """`PolicyVersion.transfer` (broadcast weights) is left out of the JSON when unset, so a
+    record of `weight_transfer: disk` is byte for byte what older readers read."""
+    from schemas.events import WeightTransfer
+
+    plain = PolicyVersion(version=4, path="/ckpt/step-4", created_at=1.0)
+    assert orjson.loads(encode(plain)) == {
+        "schema_version": 1,
+        "created_at": 1.0,
+        "kind": "policy",
+        "version": 4,
+        "path": "/ckpt/step-4",
+        "groups_trained": 0,
+        "samples_trained": 0,
+    }
+    sent = PolicyVersion(version=5, transfer=WeightTransfer(address="10.0.0.1:29500", session="s"))
+    back = decode(encode(sent))
+    assert back == sent and back.path == "" and back.transfer.backend == "gloo"

@@ -13,6 +13,9 @@ Invariants:
 - A request that cannot be served gets a 4xx (5xx for the server's own faults) with
   `{"error": {"message", "type"}}`; nothing a client sends stops the server.
 - A client that disconnects mid-generation has its request aborted (handler cancellation).
+- A replica started with `role="judge"` (serving another model than the policy: the reward
+  stage's judge) says so in `/health` and `/info` and refuses `/update_weights` with 409:
+  the policy's weights never reach it, whoever posts them.
 - `/metrics` reads the engine's live counters at scrape time from a registry of this server's
   own, so several replicas in one process never share or clash on metrics; the names are
   `workers.metrics.replica_families`, the same for every backend.
@@ -29,11 +32,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from pydantic import ValidationError
 
+from schemas.events import ReplicaRole
+from schemas.routing import RoutedExperts
 from workers.llm.contract import (
     CAPACITY_HEADER,
     LOAD_HEADER,
@@ -48,7 +54,7 @@ from workers.llm.replicas.status_routes import add_status_routes
 from workers.metrics import ReplicaCounters, replica_families
 
 if TYPE_CHECKING:
-    from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
+    from workers.llm.replicas.hf_engine import GenerationResult, HFEngine, HFEngineConfig
 
 __all__ = ["create_app", "serve"]
 
@@ -134,7 +140,8 @@ async def _completions(request: web.Request) -> web.Response:
     req = CompletionRequest.model_validate(await _body(request))
     params = req.sampling()
     request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
-    result = await engine.generate(req.prompt, params, request_id)
+    await state["weights"].wait()  # started for broadcast weights: none served before them
+    result = await engine.generate(req.prompt, params, request_id, req.return_routed_experts)
     tokenizer = state["tokenizer"]
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer else ""
     choice = CompletionChoice(
@@ -143,6 +150,7 @@ async def _completions(request: web.Request) -> web.Response:
         logprobs={"token_logprobs": result.logprobs} if params.logprobs is not None else None,
         finish_reason=result.finish_reason,
         stop_reason=result.stop_reason,
+        routed_experts=_routing(engine, result) if req.return_routed_experts else None,
     )
     response = CompletionResponse(
         id=request_id,
@@ -159,6 +167,16 @@ async def _completions(request: web.Request) -> web.Response:
     )
     state["completions"] = state.get("completions", 0) + 1
     return web.Response(body=response.model_dump_json(), content_type="application/json")
+
+
+def _routing(engine: HFEngine, result: GenerationResult) -> RoutedExperts:
+    """The result's routing (none yet for a request aborted before its prefill)."""
+    tap = engine.router_tap
+    assert tap is not None  # the engine refused the request otherwise
+    rows = result.routed_experts
+    if rows is None:
+        rows = np.zeros((0, tap.layers, tap.top_k), dtype=np.uint8)
+    return RoutedExperts.from_array(rows, tap.num_experts)
 
 
 async def _abort(request: web.Request) -> web.Response:
@@ -189,14 +207,31 @@ async def _is_paused(request: web.Request) -> web.Response:
 
 async def _update_weights(request: web.Request) -> web.Response:
     req = UpdateWeightsRequest.model_validate(await _body(request))
-    await _engine(request).update_weights(req.path, req.version)
-    return _ok(request, {"status": "ok", "version": req.version})
+    engine, state = _engine(request), request.app[_STATE]
+    if state["role"] != "policy":
+        raise web.HTTPConflict(reason=f"a {state['role']} replica takes no policy weights")
+    if req.transfer is not None:  # the trainer's grant: receive over its group
+        from workers.llm.replicas.weight_receiver import receive_checked
+
+        grant, pool = req.transfer, state.setdefault("receive_buffers", [])
+        timings = await engine.load_weights(
+            lambda live: receive_checked(grant, live, pool), req.version
+        )
+    else:
+        timings = await engine.update_weights(req.path, req.version)
+    if state.pop("awaiting", False):  # it holds the trainer's weights now: it may serve
+        state["weights"].set()
+    return _ok(request, {"status": "ok", "version": req.version, "timings": timings})
 
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    if request.app[_STATE].get("awaiting"):  # out of routing until the trainer's weights land
+        body = {"status": "unavailable", "version": engine.version, "reason": "awaiting weights"}
+        return web.json_response(body | {"awaiting_weights": True}, status=503)
     body = {"status": "ok", "version": engine.version, "load": _load(engine)}
-    return _ok(request, body | {"capacity": engine.config.max_batch})
+    role = request.app[_STATE]["role"]
+    return _ok(request, body | {"capacity": engine.config.max_batch, "role": role})
 
 
 def _load(engine: HFEngine) -> int:
@@ -224,7 +259,7 @@ async def _info(request: web.Request) -> web.Response:
         running=engine.running,
         waiting=engine.waiting,
     )
-    return _ok(request, status.model_dump())
+    return _ok(request, status.model_dump() | {"role": state["role"]})
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -245,13 +280,25 @@ async def create_app(
     version: int = 0,
     config: HFEngineConfig | None = None,
     served_model_name: str | None = None,
+    await_weights: bool = False,
+    role: ReplicaRole = "policy",
+    model: Any = None,
 ) -> web.Application:
-    """Load the model (in a worker thread) and build the app; the engine closes with the app."""
+    """Load the model (in a worker thread) and build the app; the engine closes with the app.
+
+    `await_weights` (the trainer broadcasts its weights): serve nothing until a weight load
+    succeeds (completions wait for it, `/health` answers 503 `awaiting_weights`).
+    `role="judge"`: another model than the policy, which takes no weight update (module
+    docstring). `model`: serve this live model object instead of loading one (a lending
+    trainer's policy: `HFEngine`'s `model`)."""
     import asyncio
 
     from workers.llm.replicas.hf_engine import HFEngine
 
-    engine = await asyncio.to_thread(HFEngine, model_dir, config, version)
+    engine = await asyncio.to_thread(HFEngine, model_dir, config, version, model=model)
+    weights = asyncio.Event()  # completions wait here while the trainer's weights are awaited
+    if not await_weights:
+        weights.set()
     tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
     registry = CollectorRegistry(auto_describe=False)
     app = web.Application(middlewares=[_errors])
@@ -261,6 +308,9 @@ async def create_app(
         "model_name": served_model_name or str(model_dir),
         "tokenizer": tokenizer,
         "completions": 0,
+        "awaiting": await_weights,
+        "weights": weights,
+        "role": role,
     }
     registry.register(_EngineCollector(engine, replica_id, app[_STATE]))  # type: ignore[arg-type]
 
@@ -304,6 +354,8 @@ def serve(
     prefix_cache_tokens: int = 32768,
     max_model_len: int | None = None,
     served_model_name: str | None = None,
+    await_weights: bool = False,
+    role: ReplicaRole = "policy",
 ) -> None:
     """Run the replica until interrupted (blocking)."""
     from workers.llm.replicas.hf_engine import HFEngineConfig
@@ -326,6 +378,8 @@ def serve(
             version=version,
             config=config,
             served_model_name=served_model_name,
+            await_weights=await_weights,
+            role=role,
         )
     logger.info("replica %s listening on http://%s:%d", rid, host, port)
     web.run_app(app, host=host, port=port, handler_cancellation=True, print=None, access_log=None)

@@ -16,6 +16,9 @@ Invariants:
 - The prefix cache is cleared with every weight update (its KV belongs to the old weights).
 - Token ids in a result include the stop token (eos or one of `stop_token_ids`) that ended
   it; `stop_reason` is that id for `stop_token_ids`, None for eos (vLLM's convention).
+- A request with `routed=True` (MoE models only; `router_tap`) gets the experts every position
+  it fed was routed to, from position 0: a prefix-cache hit gives the cached tokens' routing,
+  stored with their KV; forwards that no running request wants routing of keep none.
 """
 
 from __future__ import annotations
@@ -26,20 +29,21 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
 from workers.llm.contract import SamplingParams
 from workers.llm.replicas import weights
 from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
+from workers.llm.replicas.hf_config import EngineStats, HFEngineConfig
 from workers.llm.replicas.kv_batch import BatchKV, cache_kwarg, single_cache
 from workers.llm.replicas.prefix_cache import KV, PrefixCache
+from workers.llm.replicas.router_tap import RouterTap, capture
 from workers.llm.replicas.sampling import sample_batch
 from workers.llm.replicas.sequence import EngineSequence, GenerationResult
 
@@ -48,41 +52,32 @@ __all__ = ["EngineStats", "GenerationResult", "HFEngine", "HFEngineConfig"]
 logger = logging.getLogger("rollout.llm.replica.hf_engine")
 
 
-class HFEngineConfig(BaseModel):
-    """Knobs of the CPU engine."""
-
-    threads: int = Field(default=2, ge=1, le=64, description="torch intra-op threads.")
-    max_batch: int = Field(default=64, ge=1, description="Running sequences at most.")
-    prefix_cache_tokens: int = Field(
-        default=32768, ge=0, description="Tokens of finished sequences' KV kept for reuse."
-    )
-    max_model_len: int | None = Field(
-        default=None, ge=2, description="Context limit; default: the model's max positions."
-    )
-
-
-@dataclass
-class EngineStats:
-    generated_tokens: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-
-
 class HFEngine:
     """Continuous-batching generation over a transformers causal LM; see the module docstring."""
 
     def __init__(
-        self, model_dir: str | Path, config: HFEngineConfig | None = None, version: int = 0
+        self,
+        model_dir: str | Path,
+        config: HFEngineConfig | None = None,
+        version: int = 0,
+        *,
+        model: torch.nn.Module | None = None,
     ) -> None:
+        """`model`: serve this live model object instead of loading `model_dir`'s weights (a
+        lending trainer's own policy, `workers.trainer.lend`): not copied, and its training
+        flags are left alone (the engine thread runs under inference mode); its owner must keep
+        the engine paused and idle while it changes the weights."""
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.config = config or HFEngineConfig()
         self.model_dir = str(model_dir)
         torch.set_num_threads(self.config.threads)
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
-        )
-        self.model = model.eval().requires_grad_(False)
+        if model is None:
+            loaded = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+            )
+            model = loaded.eval().requires_grad_(False)
+        self.model = model
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
         self.max_model_len = self.config.max_model_len or int(cfg.max_position_embeddings)
@@ -102,6 +97,7 @@ class HFEngine:
         self._prefilling = 0  # admitted, not yet in `_rows` nor delivered
         self._prefix = PrefixCache(self.config.prefix_cache_tokens)
         self._targets = weights.targets(self.model)
+        self.router_tap = RouterTap.attach(self.model)  # None: a dense model
         self.version = version
         self.stats = EngineStats()
         self._cv = threading.Condition()
@@ -130,8 +126,13 @@ class HFEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def validate(self, prompt: Sequence[int], params: SamplingParams) -> None:
+    def validate(self, prompt: Sequence[int], params: SamplingParams, routed: bool = False) -> None:
         """Raise InvalidRequestError for a request this engine cannot serve."""
+        if routed and self.router_tap is None:
+            raise InvalidRequestError(
+                "return_routed_experts: this model is dense (no Mixture-of-Experts layer), so "
+                "it routes no token; ask for routing only from a MoE model"
+            )
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
@@ -143,10 +144,15 @@ class HFEngine:
             )
 
     async def generate(
-        self, prompt: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        routed: bool = False,
     ) -> GenerationResult:
-        """Generate for one prompt; returns when it stops, hits a limit or is aborted."""
-        self.validate(prompt, params)
+        """Generate for one prompt; returns when it stops, hits a limit or is aborted.
+        `routed`: also return the routed experts of every position fed (MoE models)."""
+        self.validate(prompt, params, routed)
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = EngineSequence(
@@ -157,6 +163,7 @@ class HFEngine:
             future=loop.create_future(),
             generator=torch.Generator().manual_seed(seed),
             order=0,
+            routing=[] if routed else None,
         )
         with self._cv:
             if self._closed:
@@ -189,19 +196,30 @@ class HFEngine:
             self._paused = False
             self._cv.notify()
 
-    async def update_weights(self, path: str | Path, version: int) -> None:
+    async def update_weights(self, path: str | Path, version: int) -> dict[str, float]:
         """Load a checkpoint directory into the live model and serve it as `version`.
 
         The checkpoint is read and checked before anything is interrupted; a bad one raises
         WeightLoadError and leaves weights and version untouched. Then everything in flight is
         aborted, the weights are copied between two steps, the prefix cache is dropped, and
         generation resumes (unless the engine was paused before, then it stays paused).
+        Returns the seconds spent reading (`read_s`, generation going on) and paused (`pause_s`).
         """
+        return await self.load_weights(lambda live: weights.read_checkpoint(path, live), version)
+
+    async def load_weights(
+        self, read: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]], version: int
+    ) -> dict[str, float]:
+        """`update_weights` from any source: `read(live tensors)` returns the checked state
+        (in a thread while generation goes on: a checkpoint read, or a transfer received)."""
         async with self._control_lock():
-            state = await asyncio.to_thread(weights.read_checkpoint, path, self._targets)
+            started = time.monotonic()
+            state = await asyncio.to_thread(read, self._targets)
+            read_s = time.monotonic() - started
             with self._cv:
                 was_paused, self._paused = self._paused, True
                 cutoff = next(self._order)
+            paused = time.monotonic()
 
             def apply() -> None:
                 self._abort_where(lambda s: s.order < cutoff)
@@ -215,7 +233,9 @@ class HFEngine:
                 with self._cv:
                     self._paused = was_paused
                     self._cv.notify()
-            logger.info("loaded weights version=%d from %s", version, path)
+            pause_s = time.monotonic() - paused
+            logger.info("weights version=%d (read %.2fs, paused %.3fs)", version, read_s, pause_s)
+            return {"read_s": read_s, "pause_s": pause_s}
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -308,7 +328,7 @@ class HFEngine:
                     seq.deliver(BackendError(repr(exc)))
                     continue
                 if seq.finish is not None:
-                    self._prefix.insert(seq.prompt, kv)
+                    self._prefix.insert(seq.prompt, kv, seq.routed())
                     self._prefilling -= 1  # uncounted before its answer is written
                     seq.deliver()
                 else:
@@ -324,31 +344,41 @@ class HFEngine:
         """Run the prompt past its longest cached prefix and sample the first token."""
         seq.version = self.version
         n = len(seq.prompt)
-        reuse, prefix = self._prefix.lookup(seq.prompt, limit=n - 1)
+        routed = seq.routing is not None
+        reuse, prefix, cached_routing = self._prefix.lookup(seq.prompt, limit=n - 1, routed=routed)
         self.stats.prefix_cache_queries += n
         self.stats.prefix_cache_hits += reuse
         seq.cached_tokens = reuse
         cache = single_cache(prefix, *self._geometry, new=n - reuse + 1)
-        out = self.model(
-            input_ids=torch.tensor([seq.prompt[reuse:]]),
-            attention_mask=torch.ones((1, n), dtype=torch.long),
-            position_ids=torch.arange(reuse, n)[None, :],
-            **{self._cache_kw: cache},
-            logits_to_keep=1,
-        )
+        with capture(self.router_tap, routed):
+            out = self.model(
+                input_ids=torch.tensor([seq.prompt[reuse:]]),
+                attention_mask=torch.ones((1, n), dtype=torch.long),
+                position_ids=torch.arange(reuse, n)[None, :],
+                **{self._cache_kw: cache},
+                logits_to_keep=1,
+            )
+        if seq.routing is not None and self.router_tap is not None:
+            seq.routing += [r for r in (cached_routing, self.router_tap.take()) if r is not None]
         self._append_rows([seq], out.logits[:, -1].float())
         return [(layer.keys, layer.values) for layer in cache.layers]
 
     def _decode(self) -> None:
         mask, positions = self._batch.step_inputs()
         inputs = torch.tensor([[s.out[-1]] for s in self._rows])
-        out = self.model(
-            input_ids=inputs,
-            attention_mask=mask,
-            position_ids=positions,
-            **{self._cache_kw: self._batch.cache()},
-            logits_to_keep=1,
-        )
+        routed = [i for i, s in enumerate(self._rows) if s.routing is not None]
+        with capture(self.router_tap, bool(routed)):
+            out = self.model(
+                input_ids=inputs,
+                attention_mask=mask,
+                position_ids=positions,
+                **{self._cache_kw: self._batch.cache()},
+                logits_to_keep=1,
+            )
+        if routed and self.router_tap is not None:
+            step = self.router_tap.take()  # row i: the token rows[i] fed (no padding is fed)
+            for i in routed:
+                self._rows[i].routing.append(step[i : i + 1])  # type: ignore[union-attr]
         self._batch.advanced()
         self._append_rows(self._rows, out.logits[:, -1].float())
         done = [i for i, s in enumerate(self._rows) if s.finish is not None]
@@ -371,7 +401,7 @@ class HFEngine:
         gone = set(indices)
         finished = [self._rows[i] for i in indices]
         for i, seq in zip(indices, finished, strict=True):
-            self._prefix.insert(seq.prompt + seq.out[:-1], self._batch.row_kv(i))
+            self._prefix.insert(seq.prompt + seq.out[:-1], self._batch.row_kv(i), seq.routed())
         keep = [i for i in range(len(self._rows)) if i not in gone]
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]

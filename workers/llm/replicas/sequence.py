@@ -9,6 +9,11 @@ Finish rules, checked after every sampled token (which is kept in `out`, logprob
 a token in `stop_token_ids` → "stop" with `stop_reason` = that id; an eos token (unless
 `ignore_eos`) → "stop" with `stop_reason` None, as vLLM reports it; `max_tokens` reached or the
 context full → "length". "abort" is set from outside.
+
+Routed experts (a MoE model's, when the request asked): `routing` holds the rows `RouterTap`
+took, in position order, from position 0: the cached prefix's, the prefill's, then one per
+decode step. The last sampled token is never fed, so a result's routing covers
+`len(prompt) + len(out) - 1` positions, exactly the tokens its KV covers.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 from collections.abc import Set
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from workers.llm.contract import FinishReason, SamplingParams
@@ -34,6 +40,7 @@ class GenerationResult:
     policy_version: int
     prompt_tokens: int
     cached_tokens: int
+    routed_experts: np.ndarray | None = None  # (positions, layers, top_k); None: not asked
 
 
 @dataclass(eq=False)
@@ -51,6 +58,15 @@ class EngineSequence:
     cached_tokens: int = 0
     finish: FinishReason | None = None
     stop_reason: int | None = None
+    routing: list[np.ndarray] | None = None  # chunks of (positions, layers, top_k); None: not asked
+
+    def routed(self) -> np.ndarray | None:
+        """The routing so far as one (positions, layers, top_k) array (None: not asked)."""
+        if self.routing is None:
+            return None
+        if len(self.routing) > 1:
+            self.routing = [np.concatenate(self.routing)]
+        return self.routing[0] if self.routing else None
 
     def append(self, token: int, logprob: float, eos: Set[int], max_model_len: int) -> None:
         """Record one sampled token and apply the finish rules."""
@@ -75,6 +91,7 @@ class EngineSequence:
             policy_version=self.version,
             prompt_tokens=len(self.prompt),
             cached_tokens=self.cached_tokens,
+            routed_experts=self.routed(),
         )
 
     def deliver(self, outcome: GenerationResult | BaseException | None = None) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
+from workers.llm.moe import experts_per_layer
 from workers.llm.replicas.exceptions import BackendUnavailableError, ReplicaStartError
 from workers.llm.replicas.vllm_adapter import VLLMAdapter
 from workers.llm.replicas.vllm_config import (
@@ -141,6 +142,12 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
     check_vllm_python(python)
     if config.dtype_reason:
         print(f"rollout: vLLM serves in {config.dtype} ({config.dtype_reason})", file=sys.stderr)
+    num_experts = experts_per_layer(config.model) if config.return_routed_experts else None
+    if config.return_routed_experts and num_experts is None:
+        raise ReplicaStartError(
+            f"--routed-experts: {config.model} is no Mixture-of-Experts model (its config.json "
+            "names no experts), so it routes nothing"
+        )
     internal_port = config.internal_port or free_port(config.internal_host)
     adapter = VLLMAdapter(
         upstream_url=f"http://{config.internal_host}:{internal_port}",
@@ -148,6 +155,9 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         served_model_name=config.resolved_served_name(),
         initial_version=config.initial_version,
         drain_timeout_s=config.drain_timeout_s,
+        num_experts=num_experts,
+        await_weights=config.await_weights,
+        receivers=config.world_size,
     )
     # handler_cancellation: a caller that hangs up cancels its request in vLLM too.
     runner = web.AppRunner(adapter.app(), access_log=None, handler_cancellation=True)
@@ -168,7 +178,7 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
     )
     proc = await asyncio.create_subprocess_exec(
         *cmd,
-        env=build_vllm_env(),
+        env=build_vllm_env(routed_experts=config.return_routed_experts),
         start_new_session=True,
         preexec_fn=_dies_with(os.getpid()),
         stdout=asyncio.subprocess.PIPE,

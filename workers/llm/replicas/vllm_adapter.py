@@ -12,12 +12,19 @@ Invariants:
   far with finish "abort". Where vLLM lacks that endpoint, or a request outlives
   `drain_timeout_s` after its abort, the upstream HTTP request is cancelled instead (vLLM
   aborts on client disconnect) and the caller gets finish "abort" with no tokens.
-- A failed weight load leaves the replica unhealthy (`/health` 503) until a load succeeds.
+- A failed weight load leaves the replica unhealthy (`/health` 503) until a load succeeds;
+  a broadcast that did not arrive (`WeightTransferError`, 400) loaded nothing and does not.
+- Started to await broadcast weights, it holds every request at the gate and answers 503
+  `awaiting_weights` until its first load succeeds.
 - Load (`LOAD_HEADER` on every response, `load` in /health, `rollout_replica_load`) is the
   adapter's own count, requests held at its gate + sent to vLLM and not answered: every request
   passes here, so it is exact and free (vLLM's running/waiting gauges lag a stats interval, cost
   a round trip and miss the held ones). Capacity (`CAPACITY_HEADER`): vLLM's resolved
   `max_num_seqs` × data-parallel size, read once at start; not reported where vLLM lacks it.
+- Routed experts are served only when vLLM was started to return them (`num_experts` given:
+  `return_routed_experts` in `VLLMReplicaConfig`); a request that asks for them otherwise gets
+  400 with the reason, never a response without them. Responses to requests that did not ask
+  drop vLLM's routing (it returns it for every request once on).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from workers.llm.contract import (
     ReplicaStatus,
     UpdateWeightsRequest,
 )
+from workers.llm.replicas.exceptions import WeightTransferError
 from workers.llm.replicas.vllm_mapping import (
     VLLMUpstreamError,
     aborted_response,
@@ -71,6 +79,12 @@ class _InFlight:
         self.engine_id = engine_request_id(self.upstream_id)
 
 
+_NO_ROUTING = (
+    "return_routed_experts: this vLLM replica does not return routing (start it with "
+    "--routed-experts, for a Mixture-of-Experts model on a vLLM build with model runner V2)"
+)
+
+
 def _error(status: int, message: str, err_type: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": err_type}}, status=status)
 
@@ -86,8 +100,15 @@ class VLLMAdapter:
         served_model_name: str,
         initial_version: int = 0,
         drain_timeout_s: float = 30.0,
+        num_experts: int | None = None,
+        await_weights: bool = False,
+        receivers: int = 1,
     ) -> None:
         self.upstream = VLLMUpstream(upstream_url)
+        # Broadcast weights: serve nothing until the trainer's arrive (gate closed till then);
+        # `receivers`: the workers that receive them (tp × pp × dp), said in /health.
+        self.awaiting, self.receivers = await_weights, receivers
+        self.num_experts = num_experts  # experts per MoE layer when vLLM returns routing
         self.replica_id = replica_id
         self.served_model_name = served_model_name
         self.version = initial_version
@@ -95,9 +116,10 @@ class VLLMAdapter:
         self.max_model_len = 0
         self.ready = False
         self.weights_error: str | None = None
-        self.paused = False
+        self.paused = await_weights
         self._open = asyncio.Event()
-        self._open.set()
+        if not await_weights:
+            self._open.set()
         self._update_lock = asyncio.Lock()
         self._inflight: dict[str, _InFlight] = {}
         self._held = 0  # requests waiting at the closed gate
@@ -159,6 +181,8 @@ class VLLMAdapter:
             req = CompletionRequest.model_validate(await request.json())
         except ValueError as exc:  # JSON and pydantic validation errors
             return _error(400, str(exc), "invalid_request_error")
+        if req.return_routed_experts and self.num_experts is None:
+            return _error(400, _NO_ROUTING, "invalid_request_error")
         if not self._open.is_set():
             self._held += 1
             try:
@@ -198,7 +222,11 @@ class VLLMAdapter:
             return web.json_response(map_vllm_error(status, data), status=status)
         try:
             resp = from_vllm_completion(
-                data, policy_version=version, want_logprobs=want_logprobs, request_id=req.request_id
+                data,
+                policy_version=version,
+                want_logprobs=want_logprobs,
+                request_id=req.request_id,
+                num_experts=self.num_experts if req.return_routed_experts else None,
             )
         except (VLLMUpstreamError, ValidationError, TypeError, ValueError, AttributeError) as exc:
             logger.error("vLLM response breaks the contract: %s", exc)
@@ -291,8 +319,8 @@ class VLLMAdapter:
         return web.json_response({"status": "paused"})
 
     async def handle_resume(self, _request: web.Request) -> web.Response:
-        if self._update_lock.locked():
-            return _error(409, "a weight update is in progress", "conflict")
+        if self._update_lock.locked() or self.awaiting:
+            return _error(409, "a weight update is in progress or awaited", "conflict")
         try:
             await asyncio.shield(self.resume())
         except UPSTREAM_ERRORS as exc:
@@ -304,18 +332,27 @@ class VLLMAdapter:
 
     # ---------------------------------------------------------------- weights
 
-    async def update_weights(self, path: str, version: int) -> None:
-        """Pause (abort all), load `path`, reset the prefix cache, set `version`, resume."""
+    async def update_weights(
+        self, path: str, version: int, grant: dict[str, Any] | None = None
+    ) -> None:
+        """Pause (abort all), load `path` (or receive the trainer's `grant`), reset the prefix
+        cache, set `version`, resume (also a replica that awaited its first weights)."""
         async with self._update_lock:
-            was_paused = self.paused
+            was_paused = self.paused and not self.awaiting
             try:
                 await self.pause()
                 started = time.monotonic()
-                reports = await self.upstream.reload_weights(path)
+                if grant is None:
+                    reports = await self.upstream.reload_weights(path)
+                else:
+                    reports = await self.upstream.receive_weights(grant)
+                    if failed := [str(r["error"]) for r in reports if r.get("error")]:
+                        raise WeightTransferError(f"transfer failed: {failed[0]}")
+                    path = f"broadcast {grant.get('address')}"
                 # KV computed by the old weights must never be reused by the new ones.
                 if await self.upstream.dev("/reset_prefix_cache") is None:
                     logger.warning("vLLM has no /reset_prefix_cache; relying on /pause to clear it")
-                self.version, self.weights_error = version, None
+                self.version, self.weights_error, self.awaiting = version, None, False
                 logger.info(
                     "loaded weights version=%d from %s in %.1fs (%d workers; tied layers "
                     "reprocessed: %s)",
@@ -325,11 +362,13 @@ class VLLMAdapter:
                     len(reports),
                     sorted({name for r in reports for name in r.get("reprocessed", [])}),
                 )
+            except WeightTransferError:
+                raise  # nothing was loaded: the weights served are whole
             except BaseException as exc:
                 self.weights_error = f"weight update to version {version} failed: {exc}"
                 raise
             finally:
-                if not was_paused:
+                if not was_paused and not self.awaiting:
                     await self.resume()
 
     async def handle_update_weights(self, request: web.Request) -> web.Response:
@@ -337,13 +376,15 @@ class VLLMAdapter:
             req = UpdateWeightsRequest.model_validate(await request.json())
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request_error")
-        if not Path(req.path).is_dir():
+        if req.transfer is None and not Path(req.path).is_dir():
             return _error(
                 400, f"checkpoint directory {req.path!r} not found", "invalid_request_error"
             )
         try:
             # Shielded: a trainer that times out must not leave a half-done update behind.
-            await asyncio.shield(self.update_weights(req.path, req.version))
+            await asyncio.shield(self.update_weights(req.path, req.version, req.transfer))
+        except WeightTransferError as exc:
+            return _error(400, str(exc), exc.type)
         except UPSTREAM_ERRORS as exc:
             logger.error("weight update failed: %s", exc)
             return _error(500, str(exc), "internal_error")
@@ -354,11 +395,15 @@ class VLLMAdapter:
     async def handle_health(self, _request: web.Request) -> web.Response:
         reason = "starting" if not self.ready else self.weights_error
         if reason is None:
-            reason = await self.upstream.healthy()
+            reason = "awaiting weights" if self.awaiting else await self.upstream.healthy()
         if reason is not None:
             body = {"status": "unavailable", "version": self.version, "reason": reason}
+            if reason == "awaiting weights":
+                body |= {"awaiting_weights": True, "receivers": self.receivers}
             return web.json_response(body, status=503)
         body = {"status": "ok", "version": self.version, "load": self.load}
+        if self.receivers > 1:  # the controller assumes one receiving process otherwise
+            body["receivers"] = self.receivers
         if self.capacity is not None:
             body["capacity"] = self.capacity
         return web.json_response(body)

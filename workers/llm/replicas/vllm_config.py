@@ -22,9 +22,14 @@ builds it — else this interpreter). The child gets what the contract needs:
   token was sampled from (after temperature, top-k/top-p and penalties), which is the behaviour
   policy the trainer's importance weights correct against; vLLM's default, `raw_logprobs`, is
   the model's distribution before temperature.
+With `return_routed_experts` (a MoE model) the child also gets `--enable-return-routed-experts`
+and `VLLM_USE_V2_MODEL_RUNNER=1`: vLLM returns routing only from its model runner V2, a
+generate runner of a MoE model with prefix caching on. vLLM 0.32's CPU build cannot: its V2
+runner needs Triton, which has no CPU backend there ("Model Runner V2 requires Triton"), and
+without V2 it refuses the flag ("AuxOutput Connector requires Model Runner V2").
 Flags the adapter depends on (host, port, served name, parallel sizes, the worker extension,
-the logprobs mode) may not be overridden through the extra arguments; anything else is passed
-through verbatim.
+the logprobs mode, routed experts) may not be overridden through the extra arguments; anything
+else is passed through verbatim.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
         "-pp",
         "--worker-extension-cls",
         "--logprobs-mode",
+        "--enable-return-routed-experts",
     }
 )
 WORKER_EXTENSION = "workers.llm.replicas.vllm_worker.WeightSync"
@@ -117,6 +123,10 @@ class VLLMReplicaConfig(BaseModel):
         default=None, description="Why this dtype, said in one line at start (None: not said)."
     )
     max_logprobs: int = Field(default=1, ge=0, description="vLLM --max-logprobs.")
+    return_routed_experts: bool = Field(
+        default=False,
+        description="Serve routed experts (a MoE model; vLLM's model runner V2: GPU builds).",
+    )
     skip_tokenizer_init: bool | None = Field(
         default=None, description="None: skip when the model directory has no tokenizer."
     )
@@ -125,6 +135,10 @@ class VLLMReplicaConfig(BaseModel):
         default=None, ge=1, le=65535, description="vLLM's port; None picks a free one."
     )
     initial_version: int = Field(default=0, ge=0, description="Policy version of `model`.")
+    await_weights: bool = Field(
+        default=False,
+        description="Serve nothing until a first weight load (the trainer broadcasts weights).",
+    )
     startup_timeout_s: float = Field(
         default=1200.0, gt=0, description="How long vLLM may take to become healthy."
     )
@@ -218,6 +232,8 @@ def build_vllm_command(
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
+    if config.return_routed_experts:
+        cmd.append("--enable-return-routed-experts")
     skip = config.skip_tokenizer_init
     if skip is None:
         skip = not has_tokenizer(config.model)
@@ -239,12 +255,17 @@ def cpu_kv_cache_gib(mem_total_bytes: int | None = None) -> int:
     return max(1, min(8, mem_total_bytes // (16 << 30)))
 
 
-def build_vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+def build_vllm_env(
+    base: Mapping[str, str] | None = None, *, routed_experts: bool = False
+) -> dict[str, str]:
     """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc), this
-    checkout first on PYTHONPATH (for the worker extension), and a CPU KV cache that fits the
-    host unless one is set (a GPU build ignores the variable)."""
+    checkout first on PYTHONPATH (for the worker extension), a CPU KV cache that fits the
+    host unless one is set (a GPU build ignores the variable), and model runner V2 when
+    `routed_experts` (the only runner that returns them)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if routed_experts:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib()))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(

@@ -20,6 +20,13 @@ What vLLM does, and where it was read (vLLM main, 2025-2026):
   `vllm:num_requests_waiting`; counters `vllm:generation_tokens`, `vllm:prefix_cache_queries`,
   `vllm:prefix_cache_hits` (exposed with `_total`; older releases named the cache counters
   `vllm:gpu_prefix_cache_*`), one series per engine (label `engine`), summed here.
+- Routed experts (vllm/entrypoints/openai/completion/protocol.py, serving.py; server flag
+  `--enable-return-routed-experts`, model runner V2 only): `choices[].routed_experts` is the
+  base64 of a `.npy` file (`numpy2base64`: `np.save(..., allow_pickle=False)`) holding
+  (prompt + output tokens − 1, MoE layers, top_k) expert ids, uint8/uint16/int32; the last
+  sampled token was never fed. Null when the request was aborted before any forward pass or the
+  server flag is off. Every request gets it once the flag is on (there is no per-request switch
+  but `routed_experts_prompt_start`, left at 0 here: positions from 0, as the contract has them).
 - `GET /server_info?config_format=json` (dev mode, vllm/entrypoints/serve/dev/server_info):
   `{"vllm_config": {...}}`, the resolved config, where `scheduler_config.max_num_seqs` is what
   one data-parallel rank runs at once (its default depends on the platform: 128 on CPU) and
@@ -32,17 +39,21 @@ change the sampling distribution behind the trainer's back.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pybase64
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from schemas.routing import RoutedExperts
 from workers.llm.contract import (
     CompletionChoice,
     CompletionRequest,
@@ -63,6 +74,7 @@ __all__ = [
     "map_vllm_error",
     "parse_vllm_metrics",
     "render_replica_metrics",
+    "routed_experts_from_vllm",
     "to_vllm_completion",
 ]
 
@@ -149,6 +161,29 @@ def _token_logprobs(choice: Mapping[str, Any], n_tokens: int) -> list[float] | N
     return out
 
 
+def routed_experts_from_vllm(value: Any, num_experts: int) -> RoutedExperts:
+    """vLLM's `routed_experts` (base64 of a `.npy`, see the module docstring) as the contract's.
+
+    Read with `allow_pickle=False`: an object array is an error, never unpickled."""
+    if not isinstance(value, str):
+        raise VLLMUpstreamError(f"vLLM routed_experts is {type(value).__name__}, not base64 text")
+    try:
+        array = np.lib.format.read_array(
+            io.BytesIO(pybase64.b64decode(value, validate=True)), allow_pickle=False
+        )
+    except ValueError as exc:  # bad base64, not a .npy, or an object array
+        raise VLLMUpstreamError(f"vLLM routed_experts is not a .npy array: {exc}") from exc
+    if array.ndim != 3 or array.dtype.kind not in "iu":
+        raise VLLMUpstreamError(
+            f"vLLM routed_experts has shape {array.shape} of {array.dtype}, "
+            "not (tokens, layers, top_k) integers"
+        )
+    try:
+        return RoutedExperts.from_array(array, num_experts)
+    except ValueError as exc:  # pydantic's ValidationError too: an expert id past num_experts
+        raise VLLMUpstreamError(f"vLLM routed_experts do not fit the model: {exc}") from exc
+
+
 def _finish_reason(value: Any) -> FinishReason:
     if value in FINISH_REASONS:
         return value  # type: ignore[no-any-return]
@@ -161,8 +196,12 @@ def from_vllm_completion(
     policy_version: int,
     want_logprobs: bool,
     request_id: str | None = None,
+    num_experts: int | None = None,
 ) -> CompletionResponse:
-    """Map a `/v1/completions` response to the contract, stamping `policy_version`."""
+    """Map a `/v1/completions` response to the contract, stamping `policy_version`.
+
+    `num_experts` (a MoE model whose routing was asked for): map `routed_experts` too; a
+    response without it is one of a request aborted before any forward pass, and gets none."""
     choices = body.get("choices")
     if not isinstance(choices, list) or len(choices) != 1:
         raise VLLMUpstreamError(f"vLLM returned {len(choices or [])} choices, expected 1")
@@ -173,6 +212,14 @@ def from_vllm_completion(
         raise VLLMUpstreamError("vLLM response has no logprobs although they were requested")
     stop_reason = choice.get("stop_reason")
     usage = body.get("usage") or {}
+    routed = choice.get("routed_experts")
+    if num_experts is not None and routed is None and token_ids:
+        raise VLLMUpstreamError("vLLM returned no routed_experts (needs its server flag)")
+    routing = (
+        routed_experts_from_vllm(routed, num_experts)
+        if num_experts is not None and routed is not None
+        else None
+    )
     return CompletionResponse(
         id=request_id or str(body.get("id", "")),
         created=int(body.get("created", 0)),
@@ -186,6 +233,7 @@ def from_vllm_completion(
                 finish_reason=_finish_reason(choice.get("finish_reason")),
                 # A stop *string* has no token id; the contract only reports stop tokens.
                 stop_reason=stop_reason if type(stop_reason) is int else None,
+                routed_experts=routing,
             )
         ],
         usage={k: v for k, v in usage.items() if type(v) is int},

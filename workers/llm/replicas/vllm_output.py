@@ -5,7 +5,10 @@ then the API server's "Engine core initialization failed. See root cause above")
 cause is a single line in the middle: `ValueError: ... KV cache ...`. `relay` copies the
 child's output, line by line, to a log file (and to stderr when asked: `rollout -v`) and keeps
 its tail; `root_cause` picks that line out of the tail, so the replica fails with one line
-naming the cause and the file with everything. Pure but for the file and stream it is given.
+naming the cause and the file with everything. A pydantic `ValidationError` (vLLM checks its
+config with pydantic) names the cause on a later line (`  Value error, Model Runner V2 requires
+Triton. [type=value_error, …]`): that message is added to the line. Pure but for the file and
+stream it is given.
 """
 
 from __future__ import annotations
@@ -29,14 +32,21 @@ _PREFIX = re.compile(
 )
 
 
+#: the message of one pydantic error: "  Value error, <message> [type=value_error, ..."
+_PYDANTIC_DETAIL = re.compile(r"^(?:Value error, )?(.+?)\s+\[type=")
+
+
 def root_cause(lines: Iterable[str]) -> str | None:
     """The last exception line that is not a wrapper pointing elsewhere ("See root cause
     above"), without vLLM's log prefix; None when there is no exception line at all."""
     found: list[str] = []
-    for raw in lines:
-        line = _PREFIX.sub("", raw.strip())
+    stripped = [_PREFIX.sub("", raw.strip()) for raw in lines]
+    for i, line in enumerate(stripped):
         match = _EXCEPTION.match(line)
         if match and match.group(2):
+            if match.group(1) == "ValidationError":
+                details = (_PYDANTIC_DETAIL.match(d) for d in stripped[i + 1 : i + 4])
+                line += "".join(f": {d.group(1)}" for d in details if d)
             found.append(line)
     real = [line for line in found if not any(w in line.lower() for w in _WRAPPERS)]
     return (real or found or [None])[-1]

@@ -8,17 +8,24 @@ Accepted: a directory of `*.safetensors` files (one file or shards; index files 
 or a single `.safetensors` file. Names are those of the model's `state_dict()`; a tied alias
 (`lm_head.weight` when embeddings are tied) may be present or absent. Unknown names, missing
 parameters and shape mismatches are errors; dtypes are converted to the model's.
+
+Mixture-of-Experts checkpoints come in the hub's layout, one tensor per expert
+(`….experts.<e>.{gate,up,down}_proj.weight`, what `save_pretrained` writes), while transformers
+5 holds a layer's experts as two 3-d parameters (`….experts.gate_up_proj` [E, 2I, H], gate rows
+first, and `….experts.down_proj` [E, H, I]); `read_checkpoint` stacks the former into the latter
+when the model has them (transformers' own `qwen2_moe` conversion, which Qwen3-MoE shares).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from workers.llm.replicas.exceptions import WeightLoadError
 
-__all__ = ["copy_into", "read_checkpoint", "targets"]
+__all__ = ["check_state", "copy_into", "read_checkpoint", "targets"]
 
 Targets = dict[str, torch.Tensor]
 
@@ -50,19 +57,58 @@ def read_checkpoint(path: str | Path, live: Targets) -> dict[str, torch.Tensor]:
             state.update(load_file(str(file)))
         except (SafetensorError, OSError) as exc:
             raise WeightLoadError(f"cannot read {file}: {exc}") from exc
+    return check_state(_stack_experts(state, live), live)
+
+
+def check_state(
+    state: dict[str, torch.Tensor], live: Targets, *, what: str = "checkpoint"
+) -> dict[str, torch.Tensor]:
+    """`state` if it names exactly the model's tensors (a tied alias may be absent) in their
+    shapes; else WeightLoadError saying what differs (`what`: where the tensors came from)."""
     unknown = sorted(set(state) - set(live))
     if unknown:
-        raise WeightLoadError(f"checkpoint has unknown tensors: {unknown[:5]}")
+        raise WeightLoadError(f"{what} has unknown tensors: {unknown[:5]}")
     provided = {id(live[name]) for name in state}
     missing = sorted(name for name, t in live.items() if id(t) not in provided)
     if missing:
-        raise WeightLoadError(f"checkpoint lacks tensors: {missing[:5]}")
+        raise WeightLoadError(f"{what} lacks tensors: {missing[:5]}")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(live[name].shape):
             raise WeightLoadError(
                 f"{name}: shape {tuple(tensor.shape)} != model's {tuple(live[name].shape)}"
             )
     return state
+
+
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def _stack_experts(state: dict[str, torch.Tensor], live: Targets) -> dict[str, torch.Tensor]:
+    """Per-expert tensors → the model's stacked `gate_up_proj` / `down_proj` (module docstring);
+    anything else, and per-expert names the model has itself, pass through unchanged."""
+    groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        m = _EXPERT.match(name)
+        if m is None or f"{m['prefix']}.down_proj" not in live:
+            out[name] = tensor
+            continue
+        groups.setdefault(m["prefix"], {}).setdefault(m["proj"], {})[int(m["e"])] = tensor
+    for prefix, projs in groups.items():
+        experts = int(live[f"{prefix}.down_proj"].shape[0])
+        for proj in ("gate", "up", "down"):
+            have = projs.get(proj, {})
+            if sorted(have) != list(range(experts)):
+                raise WeightLoadError(
+                    f"{prefix}: checkpoint has {proj}_proj of experts {sorted(have)[:8]}, "
+                    f"the model has {experts}"
+                )
+        gate, up, down = (
+            torch.stack([projs[p][e] for e in range(experts)]) for p in ("gate", "up", "down")
+        )
+        out[f"{prefix}.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        out[f"{prefix}.down_proj"] = down
+    return out
 
 
 def copy_into(live: Targets, state: dict[str, torch.Tensor]) -> None:

@@ -4,6 +4,8 @@ the chosen backend's own `serve` options (that backend's only), under the names 
 from __future__ import annotations
 
 import inspect
+import json
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,10 @@ from pipeline.cli.main import build_parser
 from pipeline.cli.stages import _backend_options
 from pipeline.config import RunConfig
 from workers.llm.replicas import hf
+from workers.llm.replicas.sglang_config import SGLangReplicaConfig, build_sglang_command
 from workers.llm.replicas.vllm_config import VLLMReplicaConfig, build_vllm_command
+
+MOE_CONFIG = {"model_type": "qwen3_moe", "num_local_experts": 8, "num_experts_per_tok": 2}
 
 
 def _options(*argv: str) -> dict[str, object]:
@@ -33,6 +38,7 @@ def test_hf_flags_are_the_hf_serve_options_with_its_defaults() -> None:
         "prefix_cache_tokens": 0,
         "max_model_len": 512,
         "served_model_name": "tiny",
+        "role": "policy",
     }
     serve = inspect.signature(hf.serve).parameters
     defaults = _options("--backend", "hf")
@@ -60,6 +66,22 @@ def test_vllm_flags_are_replica_config_fields() -> None:
     assert cmd[-2:] == ["--enforce-eager", "-O0"]
 
 
+def test_sglang_flags_are_replica_config_fields() -> None:
+    options = _options(
+        "--backend", "sglang",
+        "--tp", "2",
+        "--dtype", "bfloat16",
+        "--internal-port", "9002",
+        "--sglang-python", "/py",
+        "--sglang-arg=--log-level=debug",
+    )  # fmt: skip
+    config = SGLangReplicaConfig(model="/m", port=8000, **options)
+    assert (config.tp, config.internal_port, config.python) == (2, 9002, "/py")
+    cmd = build_sglang_command(config, internal_port=9002)
+    assert cmd[:3] == ["/py", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16" and cmd[-1] == "--log-level=debug"
+
+
 @pytest.mark.parametrize(
     "argv", [("--max-batch", "0"), ("--prefix-cache-tokens", "-1"), ("--max-model-len", "8")]
 )
@@ -69,3 +91,36 @@ def test_out_of_range_sizes_are_a_usage_line(
     with pytest.raises(SystemExit) as exited:
         _options(*argv)
     assert exited.value.code == 2 and "must be >=" in capsys.readouterr().err
+
+
+def test_routed_experts_is_a_vllm_option_for_a_moe_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli.main import main
+
+    assert _options("--backend", "vllm", "--routed-experts")["return_routed_experts"] is True
+    assert _options("--backend", "vllm")["return_routed_experts"] is False
+    dense, moe = tmp_path / "dense", tmp_path / "moe"
+    for path, config in ((dense, {"model_type": "qwen2"}), (moe, MOE_CONFIG)):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+    for backend, model, why in (
+        ("hf", moe, "--routed-experts is a vllm option"),
+        ("vllm", dense, "is no Mixture-of-Experts model"),
+    ):
+        argv = ["replica", "serve", "--backend", backend, "--model", str(model), "--routed-experts"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1, err
+
+
+def test_a_moe_reward_model_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli.main import main
+
+    argv = ["model", "init", "--preset", "moe", "--reward-model", "--out", str(tmp_path / "m")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the moe preset is a causal LM only" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "m").exists()

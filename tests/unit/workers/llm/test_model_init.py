@@ -123,3 +123,20 @@ def test_reward_model_is_a_one_label_classifier(tmp_path: Path) -> None:
 def test_unknown_preset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="preset"):
         init_model(tmp_path, preset="huge")  # type: ignore[arg-type]
+
+
+def test_moe_preset_is_a_qwen3_moe_with_every_layer_routed(tiny: Path, tmp_path: Path) -> None:
+    moe = init_model(tmp_path / "moe", preset="moe", seed=0)
+    config = json.loads((moe / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(moe)
+    c = model.config
+    assert (c.num_hidden_layers, c.num_experts, c.num_experts_per_tok, c.head_dim) == (4, 8, 2, 64)
+    routers = [type(layer.mlp.gate).__name__ for layer in model.model.layers]
+    assert routers == ["Qwen3MoeTopKRouter"] * 4  # every layer MoE
+    # The project's tokenizer and template, as in every preset.
+    assert (moe / "tokenizer.json").read_bytes() == (tiny / "tokenizer.json").read_bytes()
+    again = init_model(tmp_path / "again", preset="moe", seed=0)
+    assert (again / "model.safetensors").read_bytes() == (moe / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="causal LM only"):
+        init_model(tmp_path / "rm", preset="moe", reward_model=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas.codec import encode
+from schemas.codec import decode, encode
 from schemas.errors import DecodeError
-from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
+from schemas.events import ExtraFields, RewardModelSpec, ScoredTrajectory, TurnEvent
+from schemas.routing import RoutedExperts
 from workers.reward.assembler import TrajectoryState, apply_turn, assemble
 
 
@@ -196,3 +197,37 @@ def test_prompt_digests_tell_prompts_apart_but_not_redeliveries() -> None:
     other = a.model_copy(update={"prompt": [ChatMessage(role="user", content="2+2?")]})
     assert a.content_digest() == again.content_digest() != other.content_digest()
     assert a.model_copy(update={"uid": "x"}).content_digest() == a.content_digest()
+
+
+def routing(rows: list[int], layers: int = 2) -> RoutedExperts:
+    r = np.asarray(rows)
+    return RoutedExperts.from_array(np.stack([np.stack([r, r + 1], -1)] * layers, 1), 8)
+
+
+def test_the_trajectorys_routing_is_its_turns_folded_append_only() -> None:
+    # prompt 2 + turn 0 (3) + tool (3) + turn 2 (3) = 11 positions; each assistant turn's
+    # routing starts at position 0 and covers what its generation fed (all but its last token).
+    first = routing([0] * 4)
+    later = routing([5] * 4 + [6] * 6)  # re-fed positions 0..3 under other weights: ignored
+    state, _ = feed(None, turn(0, routed_experts=first), turn(1), turn(2, routed_experts=later))
+    fields = assemble(state).fields
+    assert fields["routed_experts"].as_array()[:, 0, 0].tolist() == [0] * 4 + [6] * 6
+    scored = ScoredTrajectory(**fields, reward_score=1.0)
+    assert decode(encode(scored)) == scored  # on the wire and back, packed u1
+    plain, _ = feed(None, turn(0), turn(1), turn(2))
+    assert assemble(plain).fields["routed_experts"] is None  # a dense policy's
+
+
+def test_routing_that_does_not_fit_the_trajectory_is_a_decode_error() -> None:
+    state, _ = feed(
+        None,
+        turn(0, routed_experts=routing([0] * 4)),
+        turn(1),
+        turn(2, routed_experts=routing([1] * 10, layers=3)),
+    )
+    with pytest.raises(DecodeError, match="turn 2: routing of a different model shape") as err:
+        assemble(state)
+    assert err.value.cause == "routing"
+    state, _ = feed(None, turn(0, last=0, routed_experts=routing([0] * 6)))  # 5 positions
+    with pytest.raises(DecodeError, match="cover 6 positions, past the trajectory's 5"):
+        assemble(state)

@@ -99,3 +99,19 @@ def test_grpo_advantages() -> None:
     assert adv[:4] == pytest.approx([0.5 / std, -0.5 / std, 0.5 / std, -0.5 / std], rel=1e-5)
     assert adv[4] == 0.0
     assert grpo_advantages([1.0, 3.0], ["x", "x"], norm_by_std=False) == [-1.0, 1.0]
+
+
+def test_each_samples_routed_experts_ride_the_batch_and_its_slices() -> None:
+    import numpy as np
+
+    from schemas.routing import RoutedExperts
+
+    routed = RoutedExperts.from_array(np.ones((3, 2, 2), dtype=np.uint8), num_experts=8)
+    a = _traj("u", 0, [1, 2], [3, 4], [1, 1], 1.0).model_copy(update={"routed_experts": routed})
+    b = _traj("u", 1, [1], [5, 6, 7], [1, 1, 1], 0.0)  # one of a dense policy: None
+    batch = collate([a, b])
+    assert batch.routed_experts == [routed, None]
+    assert batch.select(1, 2).routed_experts == [None]
+    assert batch.to("cpu").routed_experts == [routed, None]
+    assert [s.routed_experts for s in batch.split(1)] == [[routed], [None]]
+    assert collate([b]).routed_experts is None  # no sample has any: nothing to replay

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,11 +22,11 @@ def test_longest_prefix_wins_and_is_sliced() -> None:
     cache = PrefixCache(max_tokens=100)
     cache.insert([1, 2, 3], kv_for([1, 2, 3]))
     cache.insert([1, 2, 9, 9, 9], kv_for([1, 2, 9, 9, 9]))
-    n, kv = cache.lookup([1, 2, 9, 9, 7, 7], limit=5)
+    n, kv, _ = cache.lookup([1, 2, 9, 9, 7, 7], limit=5)
     assert n == 4 and kv is not None
     assert kv[0][0].flatten().tolist() == [1, 2, 9, 9]
-    assert cache.lookup([5, 1, 2], limit=2) == (0, None)
-    n, _ = cache.lookup([1, 2, 3, 4], limit=2)  # never past the caller's limit
+    assert cache.lookup([5, 1, 2], limit=2) == (0, None, None)
+    n, _, _ = cache.lookup([1, 2, 3, 4], limit=2)  # never past the caller's limit
     assert n == 2
 
 
@@ -40,10 +41,36 @@ def test_prefix_entries_are_replaced_and_lru_evicts_by_tokens() -> None:
     cache.lookup([1, 2, 3, 4, 5], limit=4)  # touch [1..4]: [7, 8, 9] is now the LRU
     cache.insert([5, 6, 7], kv_for([5, 6, 7]))
     assert cache.cached_tokens <= 8
-    assert cache.lookup([7, 8, 9, 1], limit=3) == (0, None)
+    assert cache.lookup([7, 8, 9, 1], limit=3) == (0, None, None)
     assert cache.lookup([1, 2, 3, 4, 0], limit=4)[0] == 4
     cache.clear()
     assert len(cache) == 0 and cache.cached_tokens == 0
+
+
+def routing_for(tokens: list[int]) -> np.ndarray:
+    """Fake routing (tokens, 2 layers, top-2) whose rows encode the token at each position."""
+    t = np.asarray(tokens, dtype=np.uint8)
+    return np.stack([np.stack([t, t + 1], -1), np.stack([t + 2, t + 3], -1)], 1)
+
+
+def test_routed_lookups_use_only_entries_with_routing_and_slice_it() -> None:
+    cache = PrefixCache(max_tokens=100)
+    cache.insert([1, 2, 3, 4, 5], kv_for([1, 2, 3, 4, 5]))  # left by a request without routing
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]), routing_for([1, 2, 3]))
+    hit = cache.lookup([1, 2, 3, 4, 5, 6], limit=5, routed=True)
+    assert hit.length == 3 and hit.routing is not None  # the longer entry has none to give
+    assert np.array_equal(hit.routing, routing_for([1, 2, 3]))
+    assert cache.lookup([1, 2, 3, 4, 5, 6], limit=5).length == 5  # unrouted: the longest
+    assert cache.lookup([1, 2, 3, 4, 5, 6], limit=5).routing is None
+    hit = cache.lookup([1, 2, 9], limit=2, routed=True)
+    assert hit.length == 2 and np.array_equal(hit.routing, routing_for([1, 2]))
+    # A routed entry is never replaced by an unrouted one that covers it, nor the reverse
+    # when the new one brings routing: routed lookups still find their prefix.
+    cache.insert([1, 2, 3, 4, 5, 6, 7], kv_for([1, 2, 3, 4, 5, 6, 7]))
+    assert cache.lookup([1, 2, 3, 8], limit=3, routed=True).length == 3
+    cache.insert([1, 2, 3, 4], kv_for([1, 2, 3, 4]), routing_for([1, 2, 3, 4]))
+    hit = cache.lookup([1, 2, 3, 4, 8], limit=4, routed=True)
+    assert hit.length == 4 and np.array_equal(hit.routing, routing_for([1, 2, 3, 4]))
 
 
 def test_sampler_logprobs_greedy_truncation_and_seeds() -> None:

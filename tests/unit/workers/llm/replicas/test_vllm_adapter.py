@@ -372,3 +372,59 @@ async def test_health_is_503_until_vllm_is_ready(tmp_path: Path) -> None:
         resp = await client.get("/health")
         assert resp.status == 503 and (await resp.json())["reason"] == "starting"
         assert not await adapter.wait_until_ready(lambda: False, 1.0)
+
+
+async def test_routed_experts_are_refused_where_vllm_does_not_return_them(rig: Rig) -> None:
+    status, body = await rig.complete(max_tokens=2, return_routed_experts=True)
+    assert status == 400 and "does not return routing" in body["error"]["message"]
+    assert not [c for c in rig.fake.calls if c[0] == "/v1/completions"]  # never sent
+
+
+class RoutingFake(FakeVLLM):
+    """vLLM started with --enable-return-routed-experts: every response carries routing."""
+
+    async def completions(self, request: web.Request) -> web.Response:
+        import io
+
+        import numpy as np
+        import pybase64
+
+        body = await request.json()
+        self.calls.append(("/v1/completions", body))
+        n = body["max_tokens"]
+        out = vllm_response(list(range(n)), "length")
+        rows = np.arange((len(body["prompt"]) + n - 1) * 8, dtype=np.uint8).reshape(-1, 4, 2) % 8
+        with io.BytesIO() as buf:
+            np.save(buf, rows, allow_pickle=False)
+            out["choices"][0]["routed_experts"] = pybase64.b64encode(buf.getvalue()).decode()
+        return web.json_response(out)
+
+
+async def test_routed_experts_pass_through_when_vllm_returns_them() -> None:
+    fake = RoutingFake()
+    upstream = TestServer(fake.app())
+    await upstream.start_server()
+    adapter = VLLMAdapter(
+        upstream_url=str(upstream.make_url("")),
+        replica_id="r0",
+        served_model_name="tiny",
+        num_experts=8,
+    )
+    client = TestClient(TestServer(adapter.app()))
+    await client.start_server()
+    try:
+        assert await adapter.wait_until_ready(lambda: True, 5.0)
+        body = {"prompt": [1, 2, 3], "max_tokens": 4, "return_routed_experts": True}
+        resp = await client.post("/v1/completions", json=body)
+        routed = (await resp.json())["choices"][0]["routed_experts"]
+        assert resp.status == 200 and {k: routed[k] for k in ("layers", "top_k")} == {
+            "layers": 4,
+            "top_k": 2,
+        }
+        assert routed["num_experts"] == 8 and isinstance(routed["experts"], str)  # packed u1
+        body["return_routed_experts"] = False
+        resp = await client.post("/v1/completions", json=body)
+        assert (await resp.json())["choices"][0]["routed_experts"] is None
+    finally:
+        await client.close()
+        await upstream.close()

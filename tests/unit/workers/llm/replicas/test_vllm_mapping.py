@@ -471,3 +471,87 @@ def test_importing_the_backend_does_not_import_vllm_or_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+# ------------------------------------------------------------------ routed experts
+
+
+def _npy_base64(array: object, *, objects: bool = False) -> str:
+    """What vLLM's `numpy2base64` sends: base64 of `np.save(..., allow_pickle=False)`
+    (`objects`: an object array, which only a pickling writer can make)."""
+    import io
+
+    import numpy as np
+    import pybase64
+
+    with io.BytesIO() as buf:
+        np.save(buf, array, allow_pickle=objects)
+        return pybase64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32"])
+def test_routed_experts_map_from_vllms_npy_base64(dtype: str) -> None:
+    import numpy as np
+
+    from workers.llm.replicas.vllm_mapping import routed_experts_from_vllm
+
+    rows = np.arange(5 * 4 * 2).reshape(5, 4, 2).astype(dtype) % 8
+    body = vllm_response([1, 2, 3], [-0.5] * 3)
+    body["choices"][0]["routed_experts"] = _npy_base64(rows)
+    resp = from_vllm_completion(body, policy_version=2, want_logprobs=True, num_experts=8)
+    routed = resp.choices[0].routed_experts
+    assert routed is not None and routed.num_experts == 8
+    assert routed.as_array().tolist() == rows.tolist() and routed.experts.dtype == np.uint8
+    # Not asked (no num_experts): vLLM's routing, sent for every request, is dropped.
+    plain = from_vllm_completion(body, policy_version=2, want_logprobs=True)
+    assert plain.choices[0].routed_experts is None
+    assert routed_experts_from_vllm(_npy_base64(rows), 300).experts.dtype == np.dtype("<i2")
+
+
+def test_routed_experts_outside_the_contract_are_upstream_errors() -> None:
+    import numpy as np
+
+    from workers.llm.replicas.vllm_mapping import routed_experts_from_vllm
+
+    with pytest.raises(VLLMUpstreamError, match=r"not a \.npy"):
+        routed_experts_from_vllm("bm90IG5weQ==", 8)  # base64 of "not npy"
+    objects = _npy_base64(np.array([{"a": 1}], dtype=object), objects=True)
+    with pytest.raises(VLLMUpstreamError, match=r"not a \.npy.*allow_pickle"):  # never unpickled
+        routed_experts_from_vllm(objects, 8)
+    with pytest.raises(VLLMUpstreamError, match=r"shape \(3, 4\)"):
+        routed_experts_from_vllm(_npy_base64(np.zeros((3, 4), dtype=np.uint8)), 8)
+    with pytest.raises(VLLMUpstreamError, match="do not fit the model"):
+        routed_experts_from_vllm(_npy_base64(np.full((2, 4, 2), 9, dtype=np.uint8)), 8)
+    body = vllm_response([1, 2], [-0.5] * 2)  # asked for, tokens, no routing: the flag is off
+    with pytest.raises(VLLMUpstreamError, match="no routed_experts"):
+        from_vllm_completion(body, policy_version=0, want_logprobs=True, num_experts=8)
+    aborted = vllm_response([], [], finish_reason="abort")  # aborted before any forward pass
+    resp = from_vllm_completion(aborted, policy_version=0, want_logprobs=True, num_experts=8)
+    assert resp.choices[0].routed_experts is None
+
+
+def test_routed_experts_start_vllm_with_its_flag_and_model_runner_v2(tmp_path: Path) -> None:
+    cfg = VLLMReplicaConfig(model=str(tmp_path), port=1, return_routed_experts=True)
+    assert "--enable-return-routed-experts" in build_vllm_command(cfg, internal_port=2)
+    plain = VLLMReplicaConfig(model=str(tmp_path), port=1)
+    assert "--enable-return-routed-experts" not in build_vllm_command(plain, internal_port=2)
+    assert build_vllm_env({}, routed_experts=True)["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in build_vllm_env({})
+    with pytest.raises(ValidationError, match="set by the replica launcher"):
+        VLLMReplicaConfig(model="m", port=1, extra_args=("--enable-return-routed-experts",))
+
+
+def test_a_pydantic_config_error_names_its_message_on_the_one_line() -> None:
+    """What vLLM 0.32's CPU build prints for `--enable-return-routed-experts`."""
+    from workers.llm.replicas.vllm_output import root_cause
+
+    lines = [
+        "(APIServer pid=9) Traceback (most recent call last):",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+        "  Value error, Model Runner V2 requires Triton. [type=value_error, input_value=Args",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ]
+    assert root_cause(lines) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig: "
+        "Model Runner V2 requires Triton."
+    )
