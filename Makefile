@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit test-vllm lint demo chaos load learn clean kafka-up kafka-down vllm
+.PHONY: install test test-unit test-vllm lint demo chaos load learn clean kafka-up kafka-down vllm sglang
 
 install: $(STAMP)
 
@@ -34,9 +34,11 @@ lint: install
 	$(VENV)/bin/ruff format --check schemas pipeline workers tests examples
 
 # BACKEND=vllm: the replicas are vLLM on the CPU (builds .venv-vllm first).
+# PRESET=moe: the policy is the Mixture-of-Experts preset, trained with router_replay=r3.
 BACKEND ?= hf
+PRESET ?= tiny
 demo: install $(if $(filter vllm,$(BACKEND)),vllm)
-	$(PY) -m pipeline.demo --backend $(BACKEND)
+	$(PY) -m pipeline.demo --backend $(BACKEND) --preset $(PRESET)
 
 # Soak: the whole pipeline at its highest sustained rate; exits non-zero on a dead process,
 # a dead letter, or memory growth of 20% or more from minute 2 to the end.
@@ -69,10 +71,20 @@ VLLM_VENV ?= .venv-vllm
 vllm:
 	infra/vllm/install.sh $(VLLM_VENV)
 
+# SGLang in its own venv (.venv-sglang), by infra/sglang/install.sh: PyPI's build (CUDA only),
+# for GPU machines. It installs on a CPU but its server does not start there (README: SGLang);
+# what can be checked here is checked after the build: the adapter's request bodies against the
+# installed SGLang's own validators (marker `sglang`). `rollout replica serve --backend sglang`
+# finds .venv-sglang by itself.
+SGLANG_VENV ?= .venv-sglang
+sglang: install
+	infra/sglang/install.sh $(SGLANG_VENV)
+	$(PY) -m pytest -q -m sglang tests/unit/workers/llm/replicas/test_sglang_mapping.py $(PYTEST_ARGS)
+
 # Tests marked `vllm` (left out of `make test`): real vLLM replicas on CPU, started through
 # `rollout replica serve --backend vllm`. Builds .venv-vllm first when it is missing or stale.
 test-vllm: install vllm
 	$(PY) -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache

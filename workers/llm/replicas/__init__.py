@@ -2,6 +2,10 @@
 
     hf       transformers on CPU (`workers.llm.replicas.hf`): development, tests, demo
     vllm     vLLM on GPUs (`workers.llm.replicas.vllm`)
+    sglang   SGLang on GPUs (`workers.llm.replicas.sglang`): gated, not in `BACKENDS`; offered
+             only where the interpreter chosen for it finds the `sglang` package
+             (`--sglang-python`, else .venv-sglang's, else this one). Not yet proven against a
+             running SGLang (README "SGLang": it does not run on the development CPUs).
 
 Importing this package imports nothing at all (no backend, no torch, no aiohttp, not even
 `schemas`), so that a module of it can run where only its own imports are installed: vLLM's
@@ -17,7 +21,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["BACKENDS", "available_backends", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "GATED_BACKENDS",
+    "available_backends",
+    "backend_names",
+    "get_backend",
+]
 
 BACKENDS: dict[str, str] = {
     "hf": "workers.llm.replicas.hf",
@@ -25,25 +35,43 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def get_backend(name: str) -> ModuleType:
-    """The backend module for `name`, imported now; BackendUnavailableError if it cannot be."""
+#: Backends offered only where their engine's package is found, by the interpreter chosen for
+#: it: name -> module, whose `check_engine(python)` is the gate (BackendUnavailableError).
+GATED_BACKENDS: dict[str, str] = {
+    "sglang": "workers.llm.replicas.sglang",
+}
+
+
+def backend_names() -> list[str]:
+    """Every name `get_backend` may accept (the gated ones still pass their gate first)."""
+    return sorted({*BACKENDS, *GATED_BACKENDS})
+
+
+def get_backend(name: str, *, python: str | None = None) -> ModuleType:
+    """The backend module for `name`, imported now; BackendUnavailableError if it cannot be,
+    or if `name` is gated and its engine's package is not found by `python` (None: the
+    backend's default interpreter)."""
     from workers.llm.replicas.exceptions import BackendUnavailableError
 
-    module = BACKENDS.get(name)
+    module = BACKENDS.get(name) or GATED_BACKENDS.get(name)
     if module is None:
-        raise BackendUnavailableError(name, f"unknown backend; known: {sorted(BACKENDS)}")
+        raise BackendUnavailableError(name, f"unknown backend; known: {backend_names()}")
     try:
-        return importlib.import_module(module)
+        loaded = importlib.import_module(module)
     except ImportError as exc:
         raise BackendUnavailableError(name, str(exc)) from exc
+    if name in GATED_BACKENDS:
+        loaded.check_engine(python)
+    return loaded
 
 
 def available_backends() -> list[str]:
-    """Names whose modules import here (imports each one; not for hot paths)."""
+    """Names offered here: those whose modules import, and the gated ones whose engine's
+    package their default interpreter finds (imports each one; not for hot paths)."""
     from workers.llm.replicas.exceptions import BackendUnavailableError
 
     found = []
-    for name in sorted(BACKENDS):
+    for name in backend_names():
         try:
             get_backend(name)
         except BackendUnavailableError:

@@ -1,4 +1,5 @@
-"""The replica backends the registry and `rollout replica serve --help` name all exist."""
+"""The replica backends the registry and `rollout replica serve --help` name all exist, and a
+gated backend (sglang) is offered only where its interpreter finds its package."""
 
 from __future__ import annotations
 
@@ -6,13 +7,18 @@ import importlib.util
 import subprocess
 import sys
 
-from workers.llm.replicas import BACKENDS
+import pytest
+
+from workers.llm.replicas import BACKENDS, GATED_BACKENDS, backend_names, get_backend
+from workers.llm.replicas.exceptions import BackendUnavailableError
+from workers.ports import free_port
 
 
 def test_every_registered_backend_has_its_module() -> None:
     # find_spec locates the module without importing it (vllm need not be installed here).
+    registered = {**BACKENDS, **GATED_BACKENDS}
     missing = [
-        name for name, module in BACKENDS.items() if importlib.util.find_spec(module) is None
+        name for name, module in registered.items() if importlib.util.find_spec(module) is None
     ]
     assert not missing, f"registered without a module: {missing}"
 
@@ -24,7 +30,12 @@ def test_replica_serve_offers_exactly_the_registered_backends() -> None:
         text=True,
         check=True,
     )
-    assert "{" + ",".join(sorted(BACKENDS)) + "}" in out.stdout
+    assert "{" + ",".join(backend_names()) + "}" in out.stdout
+    assert "sglang" not in BACKENDS and "sglang" in backend_names()
+
+
+def test_sglang_is_refused_in_one_line_where_its_interpreter_lacks_the_package() -> None:
+    # This interpreter (.venv's) has no sglang package, whatever else is installed here.
     refused = subprocess.run(
         [
             sys.executable,
@@ -34,11 +45,23 @@ def test_replica_serve_offers_exactly_the_registered_backends() -> None:
             "serve",
             "--backend",
             "sglang",
+            "--sglang-python",
+            sys.executable,
             "--model",
             "m",
+            "--port",
+            str(free_port()),
         ],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert refused.returncode == 2 and "invalid choice: 'sglang'" in refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1, refused.stderr
+    assert "replica backend 'sglang' unavailable" in lines[0] and "no sglang package" in lines[0]
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/nonexistent/bin/python"])
+def test_gate_refuses_an_interpreter_without_sglang(python: str) -> None:
+    with pytest.raises(BackendUnavailableError, match="sglang"):
+        get_backend("sglang", python=python)

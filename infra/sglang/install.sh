@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the SGLang environment (`make sglang`): a virtual environment of its own, because SGLang
+# pins torch, transformers and its CUDA kernel packages to versions the project's .venv does
+# not use.
+#
+#   infra/sglang/install.sh [VENV]       # default VENV: .venv-sglang in the repository root
+#
+# Steps:
+#   1. a venv from $PYTHON (default python3; sglang 0.5.23 needs CPython >= 3.11);
+#   2. sglang==$SGLANG_VERSION with its own pinned dependencies (torch 2.14.1, sglang-kernel
+#      0.4.10, flashinfer, ...: about 11 GB, 10 minutes here), from PyPI, or with
+#      SGLANG_WHEELS=DIR only from the wheels in DIR (`pip download -d DIR sglang==VERSION` on
+#      a machine with network, for a GPU machine without);
+#   3. a check that `sglang` imports and reports that version.
+# What it gives is PyPI's build: CUDA kernels only. It installs on a CPU-only machine but its
+# server does not start there (README "SGLang" has the exact failures): SGLang's CPU engine
+# needs sgl-kernel's CPU build, which PyPI does not carry (it is built from SGLang's git
+# sources, sgl-kernel/pyproject_cpu.toml, or comes in the lmsysorg/sglang:*-xeon images).
+# A stamp named after the hash of this script makes a rerun a no-op; a change rebuilds it.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${1:-"$ROOT/.venv-sglang"}
+PYTHON=${PYTHON:-python3}
+SGLANG_VERSION=0.5.23
+HASH=$(sha256sum "$ROOT/infra/sglang/install.sh" | cut -c1-12)
+STAMP="$VENV/.installed-$HASH"
+
+if [[ -f "$STAMP" ]]; then
+  echo "sglang env: $VENV is up to date ($HASH)"
+  exit 0
+fi
+started=$(date +%s)
+echo "sglang env: building $VENV (sglang $SGLANG_VERSION)"
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+if [[ -n "${SGLANG_WHEELS:-}" ]]; then
+  "${PIP[@]}" install -q --no-index --find-links "$SGLANG_WHEELS" "sglang==$SGLANG_VERSION"
+else
+  "${PIP[@]}" install -q "sglang==$SGLANG_VERSION"
+fi
+"$VENV/bin/python" -c "
+import sglang
+assert sglang.__version__ == '$SGLANG_VERSION', sglang.__version__
+print('sglang env: sglang', sglang.__version__, 'from', sglang.__file__)
+"
+touch "$STAMP"
+echo "sglang env: ready in $(($(date +%s) - started))s"
