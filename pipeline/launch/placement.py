@@ -6,10 +6,15 @@ A replica either fits inside one node (`replicas_per_node = gpus_per_node // wor
 spans whole nodes (`nodes_per_replica = world_size // gpus_per_node`); one that straddles a node
 boundary unevenly is rejected.
 
-Mode (`RolloutMode`): `standalone`, the only one: replicas on their own GPUs; spare GPUs are
-allowed, and `num_replicas` may ask for fewer than fit. Replicas that share the trainer's GPUs
-(`colocated`, or `hybrid` with the engine inside the trainer process) are not implemented:
-nothing launches them, so the config refuses those names with a line that says so.
+Mode (`RolloutMode`): `standalone`: replicas on their own GPUs; spare GPUs are allowed, and
+`num_replicas` may ask for fewer than fit. `colocated`: separate replica processes on the
+trainer's resources, serving another model (the LLM judge's pool, `reward.judge`: the
+launchers start `num_replicas` of them beside the trainer, on Ray in the trainer's own bundle,
+`pipeline.launch.ray.colocate`); they take no GPUs of their own, so `num_replicas` is
+required and nothing is counted against `total_gpus`, but one must fit on a node. `hybrid`:
+the standalone replicas, sized as above, plus the trainer's own engine inside the trainer
+process, lent to generation while the trainer waits for groups (`trainer.lend.enable`, which
+is what turns it on); that engine is counted nowhere: it is the trainer's resources.
 
 `gpus_per_node = 0` means CPU replicas (the `hf` engine): no GPU arithmetic, `world_size` must
 be 1 and `num_replicas` says how many. Pure module: no I/O, no torch.
@@ -18,9 +23,8 @@ be 1 and `num_replicas` says how many. Pure module: no I/O, no torch.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ReplicaPlacementConfig", "RolloutMode"]
 
@@ -29,9 +33,8 @@ class RolloutMode(StrEnum):
     """Where the inference engines run relative to the trainer."""
 
     STANDALONE = "standalone"
-
-
-_NOT_IMPLEMENTED_MODES = frozenset({"colocated", "hybrid"})
+    COLOCATED = "colocated"
+    HYBRID = "hybrid"
 
 
 class ReplicaPlacementConfig(BaseModel):
@@ -40,7 +43,9 @@ class ReplicaPlacementConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: RolloutMode = Field(
-        default=RolloutMode.STANDALONE, description="standalone (the only mode implemented)."
+        default=RolloutMode.STANDALONE,
+        description="standalone (own GPUs), colocated (on the trainer's: a judge's pool) or "
+        "hybrid (standalone, plus the idle trainer lent to generation: `trainer.lend`).",
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="TP degree of one replica.")
     data_parallel_size: int = Field(default=1, ge=1, description="DP degree of one replica.")
@@ -64,8 +69,8 @@ class ReplicaPlacementConfig(BaseModel):
 
     @property
     def max_replicas(self) -> int:
-        """Replicas that fit on the GPUs (for CPU replicas: `num_replicas`)."""
-        if self.gpus_per_node == 0:
+        """Replicas that fit on the GPUs (for CPU or colocated replicas: `num_replicas`)."""
+        if self.gpus_per_node == 0 or self.mode is RolloutMode.COLOCATED:
             return self.num_replicas or 0
         return self.total_gpus // self.world_size
 
@@ -88,16 +93,20 @@ class ReplicaPlacementConfig(BaseModel):
             return 1
         return self.world_size // self.gpus_per_node
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _implemented(cls, value: Any) -> Any:
-        if isinstance(value, str) and value in _NOT_IMPLEMENTED_MODES:
-            raise ValueError(f"rollout mode {value!r} is not implemented yet; use 'standalone'")
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> ReplicaPlacementConfig:
         ws = self.world_size
+        if self.mode is RolloutMode.COLOCATED:
+            if self.num_replicas is None:
+                raise ValueError(
+                    "colocated replicas (on the trainer's resources) need num_replicas"
+                )
+            if self.gpus_per_node and ws > self.gpus_per_node:
+                raise ValueError(
+                    f"a colocated replica's world_size {ws} exceeds a node's {self.gpus_per_node}"
+                    " GPUs: it runs beside the trainer, on one node"
+                )
+            return self
         if self.gpus_per_node == 0:
             if ws != 1:
                 raise ValueError(

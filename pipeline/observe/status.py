@@ -6,10 +6,16 @@ Nothing here talks to a stage. From the cluster it reads, for the run's topic pr
   committed position, the topic's end offset and the lag (end − committed) per topic;
 - each topic's end offset twice, `interval_s` apart, for its produce rate (messages/s);
 - the latest `PolicyVersion` on the (compacted) policy topic;
-- the live replicas on the (compacted) replicas topic — tombstoned ones are gone — each
-  probed on `/health` for its health and the version it serves;
+- the live replicas on the (compacted) replicas topic — tombstoned ones are gone — with their
+  role (`policy`, or `judge`: the reward stage's LLM judge), each probed on `/health` for its
+  health and the version it serves (a judge's stays where it started: it takes no weights);
+- whether the trainer is lent to generation (`trainer.lend`): its replica, `trainer-lent-<port>`,
+  is listed while it is lent (`trainer_lent`);
 - the number of dead letters, and of the latest `DLQ_SCAN` of them by stage and cause
-  (`reward/duplicate_uid`: a uid produced again for another prompt).
+  (`reward/duplicate_uid`: a uid produced again for another prompt);
+- of the newest `SCORED_SCAN` trajectories of each partition of the scored topic, those given
+  the failure score, by cause (the `REWARD_FAILURE` header: `unparseable_verdict` for a judge
+  answer without a verdict, `scorer_timeout`, ...).
 """
 
 from __future__ import annotations
@@ -26,15 +32,18 @@ from kafka.errors import KafkaError
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import PolicyVersion, ReplicaInfo
-from schemas.headers import DLQ_PREFIX
+from schemas.headers import DLQ_PREFIX, REWARD_FAILURE
 from workers.kafka.clients import make_admin, make_consumer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import KafkaUnavailableError
+from workers.trainer.config import LENT_REPLICA_PREFIX
 
-__all__ = ["DLQ_SCAN", "consumer_lag", "pipeline_status", "render_status"]
+__all__ = ["DLQ_SCAN", "SCORED_SCAN", "consumer_lag", "pipeline_status", "render_status"]
 
 #: Dead letters read for the count by cause (the newest ones of each partition).
 DLQ_SCAN = 10_000
+#: Scored trajectories read for the failure-scored count by cause (newest, per partition).
+SCORED_SCAN = 2_000
 
 
 def _partitions(admin: Any, topics: list[str]) -> list[TopicPartition]:
@@ -75,6 +84,22 @@ def _dead_letter_causes(
         own = {k: bytes(v).decode("utf-8", "replace") for k, v in record.headers or []}
         kind = f"{own.get(DLQ_PREFIX + 'stage', '?')}/{own.get(DLQ_PREFIX + 'error.cause', '?')}"
         causes[kind] = causes.get(kind, 0) + 1
+
+    _read(kafka, ranges, count)
+    return dict(sorted(causes.items()))
+
+
+def _failure_causes(
+    kafka: KafkaConfig, ranges: dict[TopicPartition, tuple[int, int]]
+) -> dict[str, int]:
+    """cause → failure-scored trajectories among the scored records of `ranges`."""
+    causes: dict[str, int] = {}
+
+    def count(record: Any) -> None:
+        for key, value in record.headers or []:
+            if key == REWARD_FAILURE:
+                cause = bytes(value).decode("utf-8", "replace")
+                causes[cause] = causes.get(cause, 0) + 1
 
     _read(kafka, ranges, count)
     return dict(sorted(causes.items()))
@@ -234,9 +259,17 @@ def pipeline_status(
                     "replica_id": info.replica_id,
                     "address": info.address,
                     "backend": info.backend,
+                    "role": info.role,
+                    "lent": info.replica_id.startswith(LENT_REPLICA_PREFIX),  # trainer.lend
                     **_health(info.address),
                 }
             )
+    scored = topics.name("scored")
+    newest_scored = {
+        tp: (max(starts.get(tp, 0), end - SCORED_SCAN), end)
+        for tp, end in ends.items()
+        if tp.topic == scored
+    }
     dlq = topics.name("dlq")
     dead = {
         tp: (max(earliest.get(tp, 0), end - DLQ_SCAN), end)
@@ -252,8 +285,10 @@ def pipeline_status(
         },
         "policy_version": version,
         "replicas": replicas,
+        "trainer_lent": any(r["lent"] for r in replicas),
         "dlq_count": sum(v for tp, v in ends.items() if tp.topic == dlq) - sum(earliest.values()),
         "dlq_causes": _dead_letter_causes(kafka, dead),
+        "reward_failures": _failure_causes(kafka, newest_scored),
     }
 
 
@@ -274,13 +309,15 @@ def render_status(status: dict[str, Any]) -> Any:
         rates.add_row(topic, str(row["end_offset"]), f"{row['messages_per_s']:.1f}")
     reps = Table(
         title=f"replicas (policy version {status['policy_version']}, "
-        f"dead letters {status['dlq_count']})"
+        f"dead letters {status['dlq_count']}"
+        f"{', trainer lent to generation' if status.get('trainer_lent') else ''})"
     )
-    for column in ("replica", "address", "backend", "healthy", "version"):
+    for column in ("replica", "role", "address", "backend", "healthy", "version"):
         reps.add_column(column)
     for rep in status["replicas"]:
         reps.add_row(
             rep["replica_id"],
+            rep["role"],
             rep["address"],
             rep["backend"],
             str(rep["healthy"]),
@@ -291,4 +328,9 @@ def render_status(status: dict[str, Any]) -> Any:
         causes.add_column(column)
     for kind, count in status.get("dlq_causes", {}).items():
         causes.add_row(kind, str(count))
-    return Group(lag, rates, reps, causes)
+    failures = Table(title="failure-scored trajectories by cause (the newest)")
+    for column in ("cause", "count"):
+        failures.add_column(column)
+    for cause, count in status.get("reward_failures", {}).items():
+        failures.add_row(cause, str(count))
+    return Group(lag, rates, reps, causes, failures)

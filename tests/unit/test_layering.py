@@ -3,8 +3,9 @@
 Layers, lowest first: `schemas` (the contract: events, codec, header names) → `workers`
 (`workers.kafka` and `workers.metrics` the shared plumbing, then one package per stage) →
 `pipeline` (CLI, launchers, benchmarks, tools). An import goes down or sideways within a
-package, never up; stages talk through topics, not imports (the agent loop drives the LLM
-client, the one exception); and no two files import each other, directly or round a loop.
+package, never up; stages talk through topics, not imports (the agent loop, and the reward
+stage's judge, drive the LLM client: the exceptions); and no two files import each other,
+directly or round a loop.
 
 Every `import` counts, those inside functions too: a lazy import hides a loop from the
 interpreter, not from the design.
@@ -27,7 +28,8 @@ from schemas import headers
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "workers", "pipeline")
 STAGES = ("agent_loop", "llm", "replay", "reward", "trainer")
-ALLOWED_STAGE_EDGES = {("agent_loop", "llm")}
+# trainer → llm: a lending trainer hosts an `hf` replica on its own model (`workers.trainer.lend`).
+ALLOWED_STAGE_EDGES = {("agent_loop", "llm"), ("reward", "llm"), ("trainer", "llm")}
 HEAVY = ("torch", "transformers")
 
 

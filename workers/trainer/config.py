@@ -14,7 +14,9 @@ Cross-field rules checked at start:
 - with `stale_policy='drop'`, `max_staleness >= sync_every - 1`: replicas only see every
   `sync_every`-th version, so a smaller bound would drop every group;
 - `keep_checkpoints >= 2`: a replica may still be loading the previous checkpoint while the
-  next one is written, so the one before the newest is never deleted.
+  next one is written, so the one before the newest is never deleted;
+- `weight_transfer='broadcast'` with `nproc` 1 only (rank 0 would first have to gather the
+  sharded weights every sync).
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.stale import StalePolicy
 
-__all__ = ["ISLevel", "KLLossType", "LossAggMode", "Precision", "StalePolicy", "TrainerConfig"]
+__all__ = [
+    "LENT_REPLICA_PREFIX",
+    "ISLevel",
+    "KLLossType",
+    "LendConfig",
+    "LossAggMode",
+    "Precision",
+    "RouterReplayMode",
+    "StalePolicy",
+    "TrainerConfig",
+]
 
 ISLevel = Literal["token", "sequence", "geometric"]
 KLLossType = Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl"]
@@ -33,6 +45,36 @@ LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
 Precision = Literal["fp32", "bf16"]
+RouterReplayMode = Literal["off", "r3"]
+
+
+#: The id of a lent trainer's replica on `rl.replicas` is this, `-<port>` (`rollout status`).
+LENT_REPLICA_PREFIX = "trainer-lent"
+
+
+class LendConfig(BaseModel):
+    """Hybrid lending (`workers.trainer.lend`): while the trainer waits for groups, its own
+    model serves generation as a replica on `rl.replicas`; it withdraws once
+    `reclaim_ratio * train_batch_size` groups are ready (verl's `switch_threshold_ratio`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(default=False, description="Lend the idle trainer to generation.")
+    reclaim_ratio: float = Field(
+        default=0.75,
+        gt=0,
+        le=1.0,
+        description="Withdraw (and train once the batch is whole) when this share of "
+        "`train_batch_size` groups is ready; 1.0 lends until the batch is complete.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address the lent replica listens on.")
+    port: int = Field(default=0, ge=0, le=65535, description="Its port; 0 picks a free one.")
+    advertise: str = Field(
+        default="",
+        description="URL announced on `rl.replicas` (another node's routers reach it there); "
+        "empty: http://host:port, loopback when host is 0.0.0.0.",
+    )
+    max_batch: int = Field(default=16, ge=1, le=1024, description="Sequences it runs at once.")
 
 
 class TrainerConfig(BaseModel):
@@ -155,6 +197,14 @@ class TrainerConfig(BaseModel):
     sync_every: int = Field(
         default=1, ge=1, le=100_000, description="Steps between checkpoint + PolicyVersion."
     )
+    weight_transfer: Literal["disk", "broadcast"] = Field(
+        default="disk",
+        description="How new weights reach the replicas. disk: each sync writes a checkpoint "
+        "and replicas load it (`checkpoint_dir` must be storage every replica sees). "
+        "broadcast: they come over a process group from the trainer (gloo; the run's "
+        "`weight_transfer` section), no shared disk needed; replicas start serving only once "
+        "they hold the trainer's weights; one trainer process (nproc 1).",
+    )
     max_steps: int | None = Field(
         default=None, ge=1, description="Stop after this global step; None: run until stopped."
     )
@@ -179,6 +229,15 @@ class TrainerConfig(BaseModel):
         "(weights, gradients and AdamW stay fp32): on a GPU, less activation memory and faster "
         "matmuls, at the price of logprobs a little further from the rollout's.",
     )
+    router_replay: RouterReplayMode = Field(
+        default="off",
+        description="Mixture-of-Experts policies. r3: every MoE layer of the training forward "
+        "uses the experts the rollout recorded for each token (gate weights from the live "
+        "router logits, so the routers still learn; positions not recorded are routed live). "
+        "off: routed live, and the step log's router_mismatch_rate says on what share of "
+        "recorded (response token, layer) rows the trainer's top-k differs from the "
+        "rollout's. r3 on a dense model is refused at start.",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
@@ -197,8 +256,18 @@ class TrainerConfig(BaseModel):
         "launcher's world size is used instead.",
     )
 
+    lend: LendConfig = Field(
+        default_factory=LendConfig,
+        description="Hybrid mode: the idle trainer serves generation (`LendConfig`).",
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
+        if self.lend.enable and self.nproc > 1:
+            raise ValueError(
+                f"trainer.lend needs nproc=1, not {self.nproc}: a sharded (FSDP2) policy "
+                "forwards only with every rank at once, so one rank cannot serve it alone"
+            )
         if (
             self.max_staleness is not None
             and self.stale_policy == "drop"
@@ -207,6 +276,10 @@ class TrainerConfig(BaseModel):
             raise ValueError(
                 f"max_staleness={self.max_staleness} < sync_every-1={self.sync_every - 1}: "
                 "replicas see every sync_every-th version, so every group would be dropped"
+            )
+        if self.weight_transfer == "broadcast" and self.nproc > 1:
+            raise ValueError(
+                f"weight_transfer=broadcast runs with one trainer process, not nproc={self.nproc}"
             )
         return self
 

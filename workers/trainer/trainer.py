@@ -8,7 +8,11 @@ groups already trained (dedup by uid and attempt ids, remembered across restarts
 optimiser step (`workers.trainer.step`) → one line in the step log → every `sync_every`
 steps: checkpoint (weights + optimizer + the consumer positions the weights cover), publish
 `PolicyVersion(version, path, groups_trained, samples_trained)` (acks=all, key "policy"),
-commit the same positions to the group.
+commit the same positions to the group. With `weight_transfer: broadcast`
+(`workers.trainer.broadcast`) every `PolicyVersion` also carries where the trainer's
+rendezvous store listens, the weights go to the waiting replicas over a process group right
+after it is published, and a checkpoint is written every `weight_transfer.checkpoint_every`
+versions only (positions are committed only with one).
 
 Guarantees:
 - Exactly once into the weights. A checkpoint's positions are those after the last record of
@@ -33,12 +37,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.errors import KafkaError
 
@@ -63,6 +68,11 @@ from workers.trainer.consumer import Item, TrajectoryConsumer
 from workers.trainer.exceptions import CheckpointError, PublishError, TrainerError
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
 from workers.trainer.steplog import StepLog, staleness_histogram
+from workers.transfer.config import WeightTransferConfig
+
+if TYPE_CHECKING:
+    from workers.trainer.broadcast import BroadcastPublisher
+    from workers.trainer.lend import Lender
 
 __all__ = ["Trainer", "TrainerResult", "run_trainer"]
 
@@ -92,12 +102,16 @@ class Trainer:
         *,
         stop_event: threading.Event | None = None,
         metrics: TrainerMetrics | None = None,
+        transfer: WeightTransferConfig | None = None,
     ) -> None:
         self.kafka, self.topics, self.config = kafka, topics, config
         self.metrics = metrics or TrainerMetrics()
         self.stop_event = stop_event or threading.Event()
         self.root = Path(config.checkpoint_dir).resolve()
         self.run_id = uuid.uuid4().hex[:12]
+        self.transfer = transfer or WeightTransferConfig()
+        self.publisher: BroadcastPublisher | None = None  # weight_transfer=broadcast
+        self.lender: Lender | None = None  # lend.enable: the idle trainer serves generation
 
     # --- setup ------------------------------------------------------------------------
 
@@ -120,6 +134,10 @@ class Trainer:
         self.state = ckpt.state if ckpt is not None else TrainerState(source_model=str(self.source))
         self.device = resolve_device(self.config.device)
         self._build_model(ckpt)
+        from workers.trainer.router_replay import check_router_replay
+
+        # r3 on a dense model is refused here, before anything is consumed.
+        log.info("routing: %s", check_router_replay(self.model, self.config.router_replay))
         self.zero_advantage_steps = 0
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
@@ -193,6 +211,14 @@ class Trainer:
             name="trainer",
             metrics=self.metrics,
         )
+        if self.config.weight_transfer == "broadcast":
+            from workers.trainer.broadcast import BroadcastPublisher
+
+            self.publisher = BroadcastPublisher(self.transfer, session=self.run_id)
+            # Replicas learn where to ask and wait for the weights the trainer holds now.
+            self._publish(str(self.source) if self.checkpointed is not None else "")
+        if self.config.lend.enable:
+            self._start_lending()
         if isinstance(self.stop_event, StopSignal):
             self.stop_event.graceful()  # from here a stop has work to finish cleanly
         self.steplog.write(
@@ -220,11 +246,20 @@ class Trainer:
                 self._step(pending)
                 result.steps += 1
                 if self.state.version % self.config.sync_every == 0:
-                    result.checkpoints.append(self._sync())
+                    publisher, version = self.publisher, self.state.version
+                    due = publisher is None or publisher.checkpoint_due(version)
+                    if path := self._sync(checkpoint=due):
+                        result.checkpoints.append(path)
             if self.checkpointed is None or self.state.version > self.checkpointed:
                 if self.state.version > 0:
                     result.checkpoints.append(self._sync())
+            if self.publisher is not None:  # a clean stop leaves no live replica behind
+                self.publisher.finish(self.model, self.state.version)
         finally:
+            if self.lender is not None:  # withdrawn (tombstone) while the producer lives
+                self.lender.close()
+            if self.publisher is not None:
+                self.publisher.close()
             self.consumer.close()
             self.producer.flush(timeout=30)
             self.producer.close()
@@ -241,6 +276,8 @@ class Trainer:
         idle_since = time.monotonic()
         version = self.state.version
         while len(pending.train) < self.config.train_batch_size:
+            if self.lender is not None:  # lent while few groups are ready, back once enough
+                self.lender.tend(len(pending.train), version)
             if self.stop_event.is_set():
                 self._settle_drops(pending)
                 return None
@@ -248,6 +285,8 @@ class Trainer:
             if item is None:
                 if pending.has_drops():
                     self._settle_drops(pending)
+                if self.publisher is not None:  # replicas that started late or restarted
+                    self.publisher.serve_waiting(self.model, self.state.version)
                 idle = self.config.idle_timeout_s
                 if idle is not None and time.monotonic() - idle_since > idle:
                     return None
@@ -269,6 +308,28 @@ class Trainer:
             pending.add(item, "train", key)
         self._await_stale(pending)
         return pending
+
+    def _start_lending(self) -> None:
+        """Hybrid mode: the replica on the live model (`workers.trainer.lend`), not lent yet."""
+        from workers.trainer.lend import Lender
+
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: a sharded policy
+            raise TrainerError("trainer.lend runs with one trainer process, not a sharded world")
+        if self.device.type != "cpu":  # the hf engine feeds CPU tensors; vLLM sleep/wake: none yet
+            raise TrainerError(
+                f"trainer.lend lends a CPU trainer only (the hf engine), not one on {self.device}"
+            )
+        self.lender = Lender(
+            self.config.lend,
+            self.kafka,
+            self.topics,
+            self.producer,
+            model=self.model,
+            model_dir=str(self.source),
+            version=self.state.version,
+            threads=self.config.torch_threads,
+            train_batch_size=self.config.train_batch_size,
+        )
 
     def _await_stale(self, pending: Pending) -> None:
         for future in pending.futures:
@@ -316,8 +377,22 @@ class Trainer:
         groups: list[TrainingGroup] = [i.event for i in pending.train]
         lags = [staleness(version, g.min_global_steps) for g in groups]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
+        routed = batch.routed_experts or []
+        if self.config.router_replay == "r3" and sum(r is not None for r in routed) < len(batch):
+            # Not fatal (those samples are routed live), but replay is then not what runs.
+            log.warning(
+                "step %d: router_replay=r3, but %d of %d samples carry no routed experts "
+                "(are the replicas asked for them?); routed live",
+                version + 1,
+                len(batch) - sum(r is not None for r in routed),
+                len(batch),
+            )
         started = time.monotonic()
-        metrics = self._train(batch)
+        if self.lender is None:
+            metrics = self._train(batch)
+        else:
+            with self.lender.training():  # withdrawn and idle: nothing forwards meanwhile
+                metrics = self._train(batch)
         if metrics["zero_advantage"]:
             self.zero_advantage_steps += 1
             log.warning(
@@ -365,6 +440,8 @@ class Trainer:
             "uids": [g.uid for g in groups],
         }
         self.steplog.write(record)
+        if self.lender is not None:
+            self.steplog.write({"event": "lend", "step": st.version, **self.lender.counters()})
         self.metrics.step(metrics, record["reward_mean"])
         for lag in lags:
             self.metrics.observe_staleness(lag)
@@ -383,26 +460,55 @@ class Trainer:
             len(groups),
         )
 
-    def _sync(self, *, state_only: bool = False) -> str:
-        """Checkpoint (or, with `state_only`, rewrite the latest one's state), publish the
-        version with the consumed counts, commit the covered positions."""
+    def _sync(self, *, state_only: bool = False, checkpoint: bool = True) -> str:
+        """Checkpoint (or, with `state_only`, rewrite the latest one's state; without
+        `checkpoint`, neither: weights by broadcast only), publish the version with the
+        consumed counts, commit the positions a checkpoint covers, send the weights (broadcast).
+        Returns the checkpoint's path ("" when none was written)."""
         st = self.state
         st.recent_groups = self.recent.to_list()
+        path: Path | None = None
         if state_only:
             path = self.root / f"step-{st.version}"
             update_state(path, copy.copy(st))
-        else:
+        elif checkpoint:
             path = self._save(copy.copy(st))
             self.checkpointed = st.version
             # The tokenizer files of the next checkpoint come from this one: the checkpoint
             # a restarted trainer resumed from is pruned a few checkpoints later.
             self.source = path
             prune(self.root, self.config.keep_checkpoints)
+        self._publish(str(path) if path is not None else "")
+        if path is not None:
+            self.consumer.commit(st.positions)
+        transfer = None
+        if self.publisher is not None and not state_only:
+            transfer = asdict(self.publisher.transfer(self.model, st.version))
+        self.steplog.write(
+            {
+                "event": "checkpoint",
+                "run": self.run_id,
+                "version": st.version,
+                "path": str(path) if path is not None else "",
+                "state_only": state_only,
+                "positions": st.positions,
+                "groups_consumed": st.groups_consumed,
+                "time": time.time(),
+                **({"transfer": transfer} if transfer is not None else {}),
+            }
+        )
+        log.info("published version %d (%s), positions %s", st.version, path, st.positions)
+        return str(path) if path is not None else ""
+
+    def _publish(self, path: str) -> None:
+        """`PolicyVersion` of the current state on the policy topic, acknowledged."""
+        st = self.state
         event = PolicyVersion(
             version=st.version,
-            path=str(path),
+            path=path,
             groups_trained=st.groups_consumed,
             samples_trained=st.samples_consumed,
+            transfer=self.publisher.announcement if self.publisher is not None else None,
         )
         future = self.producer.send(
             self.topics.name("policy"),
@@ -415,21 +521,8 @@ class Trainer:
         except KafkaError as exc:
             raise PublishError(f"PolicyVersion {st.version} not acknowledged: {exc}") from exc
         self.metrics.produced(self.topics.name("policy"))
-        self.consumer.commit(st.positions)
-        self.steplog.write(
-            {
-                "event": "checkpoint",
-                "run": self.run_id,
-                "version": st.version,
-                "path": str(path),
-                "state_only": state_only,
-                "positions": st.positions,
-                "groups_consumed": st.groups_consumed,
-                "time": time.time(),
-            }
-        )
-        log.info("published version %d (%s), positions %s", st.version, path, st.positions)
-        return str(path)
+        if self.publisher is not None and self.publisher.published is None:
+            self.publisher.published = st.version  # at start: the weights held are this version
 
 
 def run_trainer(
@@ -439,6 +532,10 @@ def run_trainer(
     stop_event: threading.Event | None = None,
     *,
     metrics: TrainerMetrics | None = None,
+    transfer: WeightTransferConfig | None = None,
 ) -> TrainerResult:
     """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`)."""
-    return Trainer(kafka, topics, config, stop_event=stop_event, metrics=metrics).run()
+    trainer = Trainer(
+        kafka, topics, config, stop_event=stop_event, metrics=metrics, transfer=transfer
+    )
+    return trainer.run()

@@ -10,9 +10,12 @@ main thread for SIGTERM handlers and asyncio, and a stop is the same SIGTERM as 
            sized TP x DP x PP for vllm, none for hf) → each picks a free port on its node →
            start the replicas (`--host 0.0.0.0 --advertise http://<node-ip>:<port>`), a sync
            controller pinned to each replica's node, then the agent-loop, reward, replay and
-           train stages. Returns; the actors live on (detached).
+           train stages. With a judge pool (`reward.judge`), its replicas (`judge-<i>`, role
+           judge, no sync) and the trainer share one bundle of the trainer's placement group
+           (`pipeline.launch.ray.colocate`). Returns; the actors live on (detached).
     down   from any process: SIGTERM to every child (trainer first), a grace period, SIGKILL,
-           then kill the actors. A child also gets SIGTERM if its actor dies (PDEATHSIG).
+           then kill the actors (and remove the trainer's placement group, if any). A child
+           also gets SIGTERM if its actor dies (PDEATHSIG).
 
 Invariants: secrets reach the children only through the environment handed to each actor in
 memory, never through a file; every process is started by one of the run's actors, so `down`
@@ -36,8 +39,9 @@ from typing import Any
 import yaml
 
 from pipeline.config import RunConfig
-from pipeline.launch.local import StagePlan, secret_env
+from pipeline.launch.local import StagePlan, judge_plan, secret_env
 from pipeline.launch.placement import ReplicaPlacementConfig
+from pipeline.launch.ray import colocate
 from pipeline.launch.ray.actor import StageRunner
 from schemas.errors import RolloutError
 
@@ -220,6 +224,17 @@ def replica_world_size(
     return placement.world_size
 
 
+def _lent_replica_args(train: Any, timeout_s: float) -> list[str]:
+    """The lent trainer's replica (`trainer.lend`) listens on every interface of the trainer's
+    node, at a port free there, announced at the node's address (routers on other nodes)."""
+    place = get_within([train.where.remote()], timeout_s, "placing the trainer")[0]
+    return [
+        *("--set", "trainer.lend.host=0.0.0.0"),
+        *("--set", f"trainer.lend.port={place['port']}"),
+        *("--set", f"trainer.lend.advertise=http://{place['ip']}:{place['port']}"),
+    ]
+
+
 def _bad(message: str) -> None:
     raise LaunchError(message)
 
@@ -238,12 +253,14 @@ def up(
 ) -> list[dict[str, Any]]:
     """Start every stage of one run as detached actors; one description per actor.
 
-    `plan`: the fields of `StagePlan` (`model_dir`, `backend`, `replica_threads`, ...); a
-    GPU backend's replicas also get `--tp/--dp/--pp` of `parallel`."""
+    `plan`: the fields of `StagePlan` (`model_dir`, `backend`, `replica_threads`, ...; the
+    judge's pool from `cfg` unless `plan` says otherwise); a GPU backend's replicas also get
+    `--tp/--dp/--pp` of `parallel`."""
     import ray
 
-    layout = StagePlan(**plan)
+    layout = StagePlan(**{**judge_plan(cfg), **plan})
     backend, stages, replica_threads = layout.backend, layout.stages, layout.replica_threads
+    judges = layout.judge_replicas
     connect(address, start_local=True)
     if _actors(run):
         raise LaunchError(f"run {run!r} is already up; `rollout down --run {run}` first")
@@ -266,6 +283,8 @@ def up(
     def resources(name: str) -> tuple[float, float]:
         if name == "train" and ranks:
             return 0.0, 0.0
+        if name.startswith("judge-"):  # hf, in the trainer's bundle
+            return float(layout.judge_threads), 0.0
         return stage_resources(
             name,
             backend=backend,
@@ -274,7 +293,8 @@ def up(
             trainer_gpus=train_gpus,
         )
 
-    needed = sum(resources(name)[0] for name, _ in layout.processes([0] * replicas)) + ranks
+    zeros = layout.processes([0] * replicas, judge_ports=[0] * judges)
+    needed = sum(resources(name)[0] for name, _ in zeros) + ranks
     have = ray.cluster_resources().get("CPU", 0.0)
     if needed > have:
         _bad(
@@ -288,7 +308,13 @@ def up(
     env = {**secret_env(cfg), **(extra_env or {})}
     runner = ray.remote(StageRunner)
 
+    # The judge's replicas are colocated: one bundle with the trainer (`colocate`).
+    group = None
+    shared: dict[str, Any] = {}
+
     def actor(name: str, **options: Any) -> Any:
+        if name == "train" or name.startswith("judge-"):
+            options = {**shared, **options}
         cpus, gpus = resources(name)
         return runner.options(
             name=f"{run}/{name}",
@@ -302,35 +328,51 @@ def up(
 
     started: dict[str, Any] = {}
     try:
+        if judges:
+            cpus = sum(resources(n)[0] for n, _ in zeros if n == "train" or n.startswith("judge-"))
+            group = colocate.reserve(run, cpus, resources("train")[1] if "train" in stages else 0)
+            get_within([group.ready()], start_timeout_s, "reserving the trainer's bundle")
+            shared = colocate.bundle_options(group)
         # Replicas first: each picks its port on the node Ray placed it on.
-        for i in range(replicas):
-            started[f"replica-{i}"] = actor(f"replica-{i}")
-        places = get_within(
-            [started[f"replica-{i}"].where.remote() for i in range(replicas)],
+        servers = [f"replica-{i}" for i in range(replicas)] + [f"judge-{i}" for i in range(judges)]
+        for name in servers:
+            started[name] = actor(name)
+        placed = get_within(
+            [started[name].where.remote() for name in servers],
             start_timeout_s,
             "placing the replicas",
         )
+        places = dict(zip(servers, placed, strict=True))
         pending, addresses = [], {}
-        for name, argv in layout.processes([place["port"] for place in places]):
+        for name, argv in layout.processes(
+            [places[f"replica-{i}"]["port"] for i in range(replicas)],
+            judge_ports=[places[f"judge-{i}"]["port"] for i in range(judges)],
+        ):
             kind, _, index = name.partition("-")
-            if kind == "replica":
-                place = places[int(index)]
+            if kind in ("replica", "judge"):
+                place = places[name]
                 addresses[name] = f"http://{place['ip']}:{place['port']}"
                 argv = [*argv, "--host", "0.0.0.0", "--advertise", addresses[name]]
             elif kind == "sync":
                 # The controller reaches its replica on loopback: keep them on one node.
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                node = NodeAffinitySchedulingStrategy(places[int(index)]["node_id"], soft=False)
+                node = NodeAffinitySchedulingStrategy(
+                    places[f"replica-{index}"]["node_id"], soft=False
+                )
                 started[name] = actor(name, scheduling_strategy=node)
             else:
                 if kind == "train" and ranks:
                     argv = [*argv, "--ray", ray.get_runtime_context().gcs_address]
                 started[name] = actor(name)
+                if kind == "train" and cfg.trainer.lend.enable:  # hybrid: its lent replica
+                    argv = [*argv, *_lent_replica_args(started[name], start_timeout_s)]
             pending.append(started[name].start.remote(["--config", str(config_path), *argv], env))
         described = get_within(pending, start_timeout_s, "starting the stages")
     except BaseException:
         _stop(started, grace_s=10.0)
+        if group is not None:
+            colocate.remove_groups(run)
         raise
     for row in described:
         row["actor"] = f"{run}/{row['stage']}"
@@ -389,7 +431,9 @@ def wait(
 def down(address: str | None, *, run: str | None = None, grace_s: float = 20.0) -> dict[str, Any]:
     """Stop every stage (of `run`, or of all runs) and kill their actors; exit statuses."""
     connect(address)
-    return _stop(_actors(run), grace_s=grace_s)
+    codes = _stop(_actors(run), grace_s=grace_s)
+    colocate.remove_groups(run)
+    return codes
 
 
 def _stop(actors: dict[str, Any], *, grace_s: float) -> dict[str, Any]:
@@ -397,7 +441,9 @@ def _stop(actors: dict[str, Any], *, grace_s: float) -> dict[str, Any]:
     from ray.exceptions import GetTimeoutError, RayActorError
 
     # The trainer and the workers first, the replicas last, as the local launcher does.
-    order = sorted(actors, key=lambda n: n.split("/")[-1].startswith(("replica-", "sync-")))
+    order = sorted(
+        actors, key=lambda n: n.split("/")[-1].startswith(("replica-", "sync-", "judge-"))
+    )
     for name in order:
         actors[name].terminate.remote()
     codes: dict[str, Any] = {}

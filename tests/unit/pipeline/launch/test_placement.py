@@ -74,19 +74,30 @@ def test_invalid(kwargs, match) -> None:
         ReplicaPlacementConfig(**kwargs)
 
 
-def test_standalone_is_the_only_mode() -> None:
+def test_standalone_colocated_and_hybrid_are_the_modes() -> None:
     cfg = ReplicaPlacementConfig.model_validate({"mode": "standalone", "tensor_parallel_size": 2})
     assert cfg.mode is RolloutMode.STANDALONE and cfg.replicas == 4
-    assert [m.value for m in RolloutMode] == ["standalone"]
+    assert [m.value for m in RolloutMode] == ["standalone", "colocated", "hybrid"]
 
 
-@pytest.mark.parametrize("mode", ["colocated", "hybrid"])
-def test_modes_sharing_the_trainers_gpus_are_refused_as_not_implemented(mode: str) -> None:
-    with pytest.raises(ValidationError) as info:
-        ReplicaPlacementConfig(mode=mode)
-    (error,) = info.value.errors()
-    assert error["loc"] == ("mode",)
-    assert (
-        error["msg"]
-        == f"Value error, rollout mode {mode!r} is not implemented yet; use 'standalone'"
-    )
+def test_colocated_replicas_take_no_gpus_of_their_own() -> None:
+    # Two judge replicas beside the trainer of a 1-GPU node: they do not count against it.
+    cfg = ReplicaPlacementConfig(mode="colocated", gpus_per_node=1, num_replicas=2)
+    assert cfg.mode is RolloutMode.COLOCATED and cfg.replicas == cfg.max_replicas == 2
+    cpu = ReplicaPlacementConfig(mode="colocated", gpus_per_node=0, num_replicas=3)
+    assert cpu.replicas == 3
+    with pytest.raises(ValidationError, match=r"colocated replicas .* need num_replicas"):
+        ReplicaPlacementConfig(mode="colocated", gpus_per_node=8)
+    with pytest.raises(ValidationError, match="exceeds a node's 8 GPUs"):
+        ReplicaPlacementConfig(
+            mode="colocated", gpus_per_node=8, nnodes=2, tensor_parallel_size=16, num_replicas=1
+        )
+
+
+def test_hybrid_sizes_the_standalone_replicas_the_lent_trainer_takes_no_gpu() -> None:
+    hybrid = ReplicaPlacementConfig(mode="hybrid", gpus_per_node=8, tensor_parallel_size=2)
+    standalone = ReplicaPlacementConfig(gpus_per_node=8, tensor_parallel_size=2)
+    assert hybrid.mode is RolloutMode.HYBRID
+    assert (hybrid.replicas, hybrid.replica_gpus(3)) == (4, standalone.replica_gpus(3))
+    with pytest.raises(ValidationError, match="need num_replicas"):
+        ReplicaPlacementConfig(mode="hybrid", gpus_per_node=0)

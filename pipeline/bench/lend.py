@@ -1,0 +1,193 @@
+"""`rollout bench lend`: the demo's pipeline to the same step, the idle trainer lent or not.
+
+The demo's whole pipeline (`pipeline.demo.run`: warm-started tiny model, Kafka, agent loop,
+reward, replay, trainer, weight sync) runs twice from the same warm-started model, prompts and
+seed, on one broker: with `trainer.lend` off, then on. One standalone `hf` replica; the
+trainer and that replica are each pinned to one core (`os.sched_setaffinity`, right after
+they start, so the threads they create inherit it), as two pools of GPUs would be: with
+generation slower than training the trainer idles, and lending puts that idle core to work.
+
+Figures per side: `wall_s` (stages launched → the last step), `trainer_idle_share` (1 − the
+steps' summed `step_time_s` over the trainer's time from its start record to its last step),
+`reward first/last/delta` and `learned` (`pipeline.bench.learn.summarize_run`). With lending
+on also `lent_share`: the pieces the lent engine finished (not aborted) over the samples
+trained, and the lend counters of the last step (`withdrawals`, `tokens_during_steps`, which
+must be 0). `ratio` = `wall_s` off / on (> 1: lending made the run faster); the baseline is
+the run without lending, measured in the same invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.common import bench_broker
+from workers.kafka.config import KafkaConfig
+
+__all__ = ["run"]
+
+
+def _pin(pid: int | None, core: int | None) -> None:
+    if pid is not None and core is not None:
+        try:
+            os.sched_setaffinity(pid, {core})
+        except OSError:  # the process already exited: the run reports it
+            pass
+
+
+def _records(metrics: Path) -> list[dict[str, Any]]:
+    if not metrics.exists():
+        return []
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return rows
+
+
+def _side(
+    kafka: KafkaConfig,
+    model: Path,
+    out: Path,
+    recipe: Any,
+    *,
+    lend: bool,
+    reclaim_ratio: float,
+    cores: tuple[int | None, int | None],
+    deadline_s: float,
+) -> dict[str, Any]:
+    from pipeline.bench.learn import summarize_run
+    from pipeline.config import RunConfig
+    from pipeline.demo.run import demo_config, model_dir_in, produce_prompts
+    from pipeline.launch.local import LocalPipeline
+    from pipeline.launch.local_run import merge
+    from pipeline.topics import create_topics, delete_topics
+    from workers.trainer.steplog import effective_steps
+
+    name = "on" if lend else "off"
+    run_dir = out / name
+    shutil.copytree(model, model_dir_in(run_dir))
+    prefix = f"lend-{name}-{int(time.time() * 1000) % 10**9}."
+    cfg = demo_config(RunConfig(kafka=kafka), prefix=prefix, run_dir=run_dir, recipe=recipe)
+    data = cfg.model_dump()
+    data["trainer"] = merge(
+        data["trainer"], {"lend": {"enable": lend, "reclaim_ratio": reclaim_ratio}}
+    )
+    cfg = RunConfig(**data)
+    create_topics(cfg.kafka, cfg.topics)
+    metrics = Path(cfg.trainer.metrics_path)
+    try:
+        produce_prompts(cfg, run_dir, recipe)
+        launched = time.time()
+        with LocalPipeline(cfg, run_dir, model_dir=str(model_dir_in(run_dir)), replicas=1) as pipe:
+            trainer = pipe.process("train")
+            _pin(trainer.proc.pid if trainer.proc else None, cores[0])
+            replica = next(p for p in pipe.processes if p.name.startswith("replica"))
+            _pin(replica.proc.pid if replica.proc else None, cores[1])
+            deadline = time.monotonic() + deadline_s
+            while trainer.alive and time.monotonic() < deadline:
+                for stage in pipe.processes:
+                    if stage is not trainer and not stage.alive:
+                        pipe.check()
+                time.sleep(0.5)
+            if trainer.proc is not None and trainer.proc.poll() not in (0, None):
+                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}")
+    finally:
+        delete_topics(cfg.kafka, cfg.topics)
+    steps = list(effective_steps(metrics).values()) if metrics.exists() else []
+    rows = _records(metrics)
+    summary = summarize_run(steps, launched)
+    start = min((r["time"] for r in rows if r.get("event") == "start"), default=launched)
+    busy = sum(float(r.get("step_time_s", 0.0)) for r in steps)
+    span = (float(steps[-1]["time"]) - start) if steps else float("nan")
+    result: dict[str, Any] = {
+        "lend": lend,
+        "steps": summary["steps"],
+        "wall_s": round(summary["wall_s"], 2),
+        "trainer_idle_share": round(1.0 - busy / span, 3) if span and span > 0 else None,
+        "reward_first": round(summary["first"], 3),
+        "reward_last": round(summary["last"], 3),
+        "delta": round(summary["delta"], 3),
+        "learned": summary["learned"],
+    }
+    lends = [r for r in rows if r.get("event") == "lend"]
+    if lends:
+        last = lends[-1]
+        samples = sum(int(r["samples"]) for r in steps)
+        result.update(
+            lent_share=round(last["finished"] / samples, 3) if samples else None,
+            lent_finished=last["finished"],
+            lent_completions=last["completions"],
+            lends=last["lends"],
+            withdrawals=last["withdrawals"],
+            tokens_during_steps=last["tokens_during_steps"],
+            running_at_steps=last["running_at_steps"],
+        )
+    return result
+
+
+def run(
+    kafka: KafkaConfig,
+    *,
+    steps: int = 20,
+    seed: int = 0,
+    max_tokens: int = 16,
+    reclaim_ratio: float = 0.75,
+    deadline_s: float = 1200.0,
+) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from pipeline.demo.recipe import DemoRecipe
+    from pipeline.demo.run import prepare_model
+
+    recipe = replace(DemoRecipe(), seed=seed, steps=steps, max_tokens=max_tokens)
+    usable = sorted(os.sched_getaffinity(0))
+    # Two cores: trainer on the first, the replica on the second (one core: not pinned).
+    cores: tuple[int | None, int | None] = (
+        (usable[0], usable[1]) if len(usable) >= 2 else (None, None)
+    )
+    with bench_broker(kafka) as kafka_cfg, tempfile.TemporaryDirectory(prefix="rollout-lend-") as t:
+        tmp = Path(t)
+        prepared: dict[str, Any] = {}
+        prepare_model(tmp / "model", recipe, prepared, threading.Event())
+        if "error" in prepared:
+            raise prepared["error"]
+        sides = {
+            lend: _side(
+                kafka_cfg,
+                tmp / "model",
+                tmp,
+                recipe,
+                lend=lend,
+                reclaim_ratio=reclaim_ratio,
+                cores=cores,
+                deadline_s=deadline_s,
+            )
+            for lend in (False, True)
+        }
+    off, on = sides[False], sides[True]
+    return {
+        "benchmark": "lend",
+        "steps": steps,
+        "seed": seed,
+        "max_tokens": max_tokens,
+        "reclaim_ratio": reclaim_ratio,
+        "pinned_cores": {"trainer": cores[0], "replica": cores[1]},
+        "wall_s_off": off["wall_s"],
+        "wall_s_on": on["wall_s"],
+        "ratio": round(off["wall_s"] / on["wall_s"], 3) if on["wall_s"] else None,
+        "trainer_idle_share_off": off["trainer_idle_share"],
+        "trainer_idle_share_on": on["trainer_idle_share"],
+        "lent_share": on.get("lent_share"),
+        "learned_off": off["learned"],
+        "learned_on": on["learned"],
+        "runs": {"off": off, "on": on},
+    }

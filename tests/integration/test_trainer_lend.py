@@ -1,0 +1,125 @@
+"""Hybrid lending on the real broker with real replicas: the idle trainer serves generation
+from its live model, withdraws before every step, and what it was running resumes elsewhere.
+
+Every stage its own process (`LocalPipeline`), one standalone `hf` replica and the trainer's
+lent one; responses run to `max_tokens` so a withdrawal finds generations mid-way."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.clients import PromptProducer
+from pipeline.config import load_config
+from pipeline.data.arithmetic import arithmetic_rows
+from pipeline.launch.local import LocalPipeline
+from schemas.codec import decode
+from schemas.events import ScoredTrajectory, TrainingGroup
+from tests.integration.trainer_helpers import read_all
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+STEPS = 4
+BATCH = 2
+
+
+def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
+    return load_config(
+        None,
+        {
+            "kafka": {"bootstrap_servers": bootstrap},
+            "topics": {"prefix": prefix},
+            "agent_loop": {
+                "group_id": f"{prefix}agent-loop",
+                "model": str(model),
+                "n": 2,
+                "max_samples_in_flight": 12,
+                "commit_interval_s": 0.5,
+                "sampling": {"max_tokens": 24, "temperature": 1.0, "ignore_eos": True},
+                "llm": {"health_interval_s": 1.0},
+            },
+            "reward": {
+                "group_id": f"{prefix}reward",
+                "tokenizer": str(model),
+                "batch_within_s": 0.1,
+                "commit_interval_s": 0.5,
+            },
+            "replay": {
+                "group_id": f"{prefix}replay",
+                "n": 2,
+                "batch_within_s": 0.1,
+                "commit_interval_s": 0.5,
+            },
+            "trainer": {
+                "model_dir": str(model),
+                "checkpoint_dir": str(run_dir / "ckpt"),
+                "group_id": f"{prefix}trainer",
+                "train_batch_size": BATCH,
+                "sync_every": 1,
+                "max_steps": STEPS,
+                "max_staleness": None,
+                "torch_threads": 1,
+                "lr": 1e-3,
+                "lend": {"enable": True, "reclaim_ratio": 0.5, "max_batch": 8},
+            },
+        },
+    )
+
+
+def replay_samples(cfg) -> dict[str, ScoredTrajectory]:
+    records = read_all(cfg.kafka, cfg.topics.name("replay"), timeout_s=2.0)
+    groups = [e for e in (decode(r.value) for r in records) if isinstance(e, TrainingGroup)]
+    return {s.trajectory_id: s for g in groups for s in g.samples}
+
+
+def test_lent_trainer_serves_withdraws_and_its_generations_resume_elsewhere(
+    kafka_config, kafka_bootstrap, topics_config, tiny_model, tmp_path
+) -> None:
+    cfg = lend_config(kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path)
+    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+        producer.produce_rows(arithmetic_rows(40, seed=3), uid_prefix="lend")
+    metrics = tmp_path / "ckpt" / "metrics.jsonl"
+    with LocalPipeline(cfg, tmp_path / "run", model_dir=str(tiny_model), replicas=1) as pipe:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and pipe.process("train").proc.poll() is None:
+            pipe.check()
+            time.sleep(1.0)
+        train = pipe.process("train")
+        assert train.proc.poll() == 0, train.tail()
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        cut = {rid: v for r in rows if r["event"] == "lend" for rid, v in r["aborted_with_tokens"]}
+        # The stages run on: the generations the withdrawals cut off finish on the replica.
+        samples = replay_samples(cfg)
+        while time.monotonic() < deadline and not set(cut) <= set(samples):
+            pipe.check()
+            time.sleep(2.0)
+            samples = replay_samples(cfg)
+    steps = [r for r in rows if r["event"] == "step"]
+    lends = [r for r in rows if r["event"] == "lend"]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in lends] == list(range(1, STEPS + 1))
+
+    last = lends[-1]
+    assert last["completions"] > 0 and last["generated_tokens"] > 0, last  # it served
+    for record in lends:  # withdrawn before every step, nothing ran while it trained
+        assert record["state"] == "withdrawn", record
+        # lent at the start of each collection (no group ready), at the trainer's version
+        assert record["withdrawals"] == record["lends"] == record["step"], record
+        assert record["tokens_during_steps"] == 0 and record["running_at_steps"] == 0, record
+        assert record["version"] == record["step"] - 1, record
+
+    # Pieces a withdrawal cut off after they sampled tokens at version v: each generation was
+    # finished elsewhere (no replica other than the standalone one serves after the
+    # withdrawal) and reached rl.replay with v inside its [min, max]_global_steps.
+    assert cut, "no withdrawal found a generation mid-way; lending proved nothing"
+    assert set(cut) <= set(samples), sorted(set(cut) - set(samples))
+    trained = Counter(t for s in steps for t in s["trajectory_ids"])
+    assert all(n == 1 for n in trained.values()), trained.most_common(3)  # trained once each
+    for rid in cut:
+        extra = samples[rid].extra_fields
+        assert extra.min_global_steps <= cut[rid] <= extra.max_global_steps, (rid, cut[rid], extra)
+        assert len(samples[rid].response_ids) == 24  # resumed to the full budget, not cut short
