@@ -10,6 +10,8 @@ Envelope (every event, `schemas.codec.headers_for`):
 
 Per topic:
     rl.trajectory_id       `rl.scored`: the trajectory a `ScoredTrajectory` completes
+    rl.reward.failure      `rl.scored`: on a trajectory given the failure score (its scorer
+                           failed, or the judge's verdict could not be parsed), the cause
     rl.staleness           `rl.replay` and `rl.stale`: the group's staleness
                            (`schemas.stale.staleness`) as judged by the stage that wrote it
     rl.stale.*             `rl.stale`: why a group was dropped (`schemas.stale`)
@@ -30,6 +32,7 @@ __all__ = [
     "MAX_VERSION",
     "MIN_VERSION",
     "RECOVERY_POINT_TAG",
+    "REWARD_FAILURE",
     "SCHEMA",
     "STALENESS",
     "TRAJECTORY_ID",
@@ -43,6 +46,7 @@ MAX_VERSION = "rl.max_global_steps"
 
 # rl.scored
 TRAJECTORY_ID = "rl.trajectory_id"
+REWARD_FAILURE = "rl.reward.failure"  # the cause, on failure-scored trajectories only
 
 # rl.replay and rl.stale
 STALENESS = "rl.staleness"

@@ -112,6 +112,51 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def family_model(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Callable[[str], Path]:
+    """`family_model(name)`: the tiny model with a chat-format family's tokenizer and template
+    (`rollout model init --template name`), built once per family per session."""
+    from workers.llm.model_init import init_model
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family == "hermes":
+            return Path(request.getfixturevalue("tiny_model"))
+        if family not in built:
+            out = tmp_path_factory.mktemp("models") / family
+            built[family] = init_model(out, preset="tiny", seed=0, template=family)
+        return built[family]
+
+    return get
+
+
+JUDGE_TEMPLATE = "Reference: {ground_truth}\nAnswer: {response}"
+"""`reward.judge.template` of the `judge_model`'s warm start: short, so the warm start is too."""
+
+
+@pytest.fixture(scope="session")
+def judge_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model after 200 supervised steps (`pipeline.demo.judge.warm_judge`) on
+    `JUDGE_TEMPLATE`'s prompts: it answers `Verdict: 0|1`, and `I cannot judge this.` to a
+    reference answer of `?` (`UNJUDGEABLE`). Built once per session."""
+    import torch
+
+    from pipeline.demo.judge import warm_judge
+    from workers.reward.config import JudgeConfig
+
+    out = tmp_path_factory.mktemp("models") / "judge"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        warm_judge(out, JudgeConfig(template=JUDGE_TEMPLATE))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 class ReplicaProcess:
     """A real `rollout replica serve --backend hf` subprocess on a free port."""
 

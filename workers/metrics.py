@@ -14,6 +14,8 @@ Prometheus config are built on them); `NAMES` lists every family:
     rollout_trajectory_latency_seconds{stage}        histogram whole trajectory
     rollout_staleness{stage}                         histogram versions, buckets 0..8
     rollout_policy_version{stage}                    gauge     latest version the process knows
+    rollout_judge_verdicts_total{stage,outcome}      counter   reward stage's LLM judge: parsed,
+                                                               unparseable or failed (no answer)
     rollout_trainer_steps_total{stage}               counter   (trainer only, stage="train")
     rollout_trainer_loss / _reward_mean{stage}       gauge     of the last step
     rollout_trainer_importance_weight_mean / _max{stage}  gauge  truncated IS weights, last step
@@ -66,6 +68,7 @@ NAMES = (
     "rollout_trajectory_latency_seconds",
     "rollout_staleness",
     "rollout_policy_version",
+    "rollout_judge_verdicts_total",
     "rollout_trainer_steps_total",
     "rollout_trainer_loss",
     "rollout_trainer_reward_mean",
@@ -109,6 +112,12 @@ class StageMetrics:
         )
         self._in_flight = Gauge(
             "rollout_in_flight_samples", "Work in progress in this stage.", by_stage, registry=r
+        )
+        self._verdicts = Counter(
+            "rollout_judge_verdicts",
+            "Verdicts of the LLM judge, by outcome.",
+            [*by_stage, "outcome"],
+            registry=r,
         )
         self._version = Gauge(
             "rollout_policy_version",
@@ -157,6 +166,11 @@ class StageMetrics:
         self._dead.labels(self.stage, reason).inc()
         if topic is not None:
             self.produced(topic)
+
+    def judge_verdict(self, outcome: Literal["parsed", "unparseable", "failed"]) -> None:
+        """One trajectory judged: a verdict `parsed`, an answer without one (`unparseable`),
+        or no answer at all (`failed`)."""
+        self._verdicts.labels(self.stage, outcome).inc()
 
     def observe_turn(self, seconds: float) -> None:
         self._turn_child.observe(max(0.0, seconds))

@@ -24,6 +24,11 @@ def cmd_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.steps is not None:
         trainer["max_steps"] = args.steps
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
+    judge = cfg.reward.judge
+    if judge.enable and judge.model:  # its replicas start in the checkout: an absolute path
+        where = str(Path(checked_model_dir(judge.model, "reward.judge.model")).resolve())
+        judge = judge.model_copy(update={"model": where})
+        cfg = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"judge": judge})})
     started = ray_launch.up(
         cfg,
         address=args.ray or None,

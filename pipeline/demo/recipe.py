@@ -7,7 +7,7 @@ chosen here, offline and in one process, before anything touches Kafka:
   answers −3…9), the gsm8k format (`#### answer`), scored by the strict gsm8k rule.
 - Warm start (`warm_start`): ~20-40 s of supervised fine-tuning of the freshly initialised
   tiny model (400 steps at lr 2e-3), cross-entropy on the response tokens only, on targets of
-  two styles: 30% end in `#### n<|im_end|>` (4 tokens, what the strict scorer pays for), 70%
+  two styles: 30% end in `#### n` and eos (4 tokens, what the strict scorer pays for), 70%
   in `The answer is n.` (7 tokens, which it does not). The model then knows the table (88-96%
   of its answers right in either format, sampled at temperature 1, for the seeds that were
   hardest at 3e-3) but mostly gives them in the unpaid format: the strict reward starts near
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoRecipe", "evaluate", "offline_grpo", "warm_model", "warm_start"]
+__all__ = ["DemoRecipe", "evaluate", "fine_tune", "offline_grpo", "warm_model", "warm_start"]
 
 log = logging.getLogger("rollout.demo")
 
@@ -84,6 +84,18 @@ class DemoRecipe:
     def trainer_settings(self) -> dict[str, Any]:
         """The `TrainerConfig` fields the recipe sets, alike for the demo and the offline check."""
         return {name: getattr(self, name) for name in TRAINER_SETTINGS}
+
+    @classmethod
+    def for_preset(cls, preset: str) -> DemoRecipe:
+        """The recipe of the model preset `preset`: these defaults, changed by `PRESET_CHANGES`."""
+        return cls(preset=preset, **PRESET_CHANGES.get(preset, {}))
+
+
+# What a model preset's recipe changes. moe (Qwen3-MoE, 4 layers of 8 experts, top-2) learns the
+# table in twice the warm-start steps: its answers (seed 2, 64 problems × 4 samples at
+# temperature 1, right in either format) were 49% right after 400 steps at 2e-3, 100% after
+# 800 (28% after 400 at 3e-3). From 400 steps RL rose only to ~0.45: the format, not the table.
+PRESET_CHANGES: dict[str, dict[str, Any]] = {"moe": {"sft_steps": 800}}
 
 
 # The recipe's fields that are `TrainerConfig` fields of the same name.
@@ -173,14 +185,10 @@ def warm_start(
     strict `#### n` format (the rest say `The answer is n.`, which the strict scorer
     rejects). `cancel` set: stop, save nothing.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from workers.trainer.step import response_log_probs
+    from transformers import AutoTokenizer
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     rng = random.Random(recipe.seed)
     strict_share = recipe.sft_format_frac
     pairs = [
@@ -192,16 +200,52 @@ def warm_start(
         )
         for r in rows
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr)
+    fine_tune(
+        model_dir,
+        pairs,
+        steps=recipe.sft_steps,
+        batch=recipe.sft_batch,
+        lr=recipe.sft_lr,
+        rng=rng,
+        cancel=cancel,
+    )
+    return time.monotonic() - started
+
+
+def fine_tune(
+    model_dir: str | Path,
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    rng: random.Random,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Supervised fine-tuning of `model_dir` in place: `steps` AdamW steps at `lr`, each on
+    `batch` (prompt ids, target ids) pairs drawn by `rng`, cross-entropy on the targets only.
+    The warm starts (the demo's policy, a judge's verdict format) are this with their pairs.
+    `cancel` set: stop, save nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.trainer.step import response_log_probs
+
+    # MoE experts as transformers' per-expert loop: on a CPU about twice as fast as its default
+    # (grouped_mm) for the moe preset (forward + backward of 32 × 40 tokens: 0.34 s vs 0.5-0.7 s).
+    # A dense model has no experts and ignores it.
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, experts_implementation="eager"
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    steps = recipe.sft_steps
     for step in range(steps):
         if cancel is not None and cancel.is_set():
             raise InterruptedError("warm start cancelled")
-        chosen = rng.sample(pairs, min(recipe.sft_batch, len(pairs)))
-        batch = _batch([p for p, _ in chosen], [a for _, a in chosen], [0.0] * len(chosen), 0)
-        logp, _ = response_log_probs(model, batch)
-        mask = batch["response_mask"]
+        chosen = rng.sample(pairs, min(batch, len(pairs)))
+        tensors = _batch([p for p, _ in chosen], [a for _, a in chosen], [0.0] * len(chosen), 0)
+        logp, _ = response_log_probs(model, tensors)
+        mask = tensors["response_mask"]
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -211,7 +255,6 @@ def warm_start(
             log.info("warm start step %d/%d: loss %.3f", step + 1, steps, loss.item())
     model.eval()
     model.save_pretrained(str(model_dir), safe_serialization=True)
-    return time.monotonic() - started
 
 
 def _generate(

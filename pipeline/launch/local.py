@@ -5,6 +5,7 @@
 then starts, as real subprocesses of the same `rollout` CLI a user would run:
 
     hf replicas (+ a weight-sync controller beside each)   rollout replica serve / replica sync
+    the judge's hf replicas (`reward.judge`; no sync)      rollout replica serve --role judge
     the agent-loop worker                                  rollout worker agent-loop
     the reward worker                                      rollout worker reward
     the replay stage                                       rollout worker replay
@@ -39,8 +40,10 @@ __all__ = [
     "StageExitedError",
     "StagePlan",
     "StageProcess",
+    "judge_plan",
     "log_tail",
     "secret_env",
+    "serves_http",
     "spawn_logged",
 ]
 
@@ -127,17 +130,29 @@ class StagePlan:
     host: str = "127.0.0.1"
     backend: str = "hf"
     replica_args: tuple[str, ...] = ()  # appended to every `replica serve` (`--tp 2` for vllm)
+    # The LLM judge's pool (`reward.judge`, `judge_plan`): hf replicas of another model, on
+    # the trainer's resources (colocated), registered with role judge and never synced.
+    judge_model: str = ""
+    judge_replicas: int = 0
+    judge_threads: int = 1
 
     def processes(
-        self, replica_ports: list[int], metrics_ports: dict[str, int] | None = None
+        self,
+        replica_ports: list[int],
+        metrics_ports: dict[str, int] | None = None,
+        judge_ports: list[int] | None = None,
     ) -> list[tuple[str, list[str]]]:
         """The processes as `(name, rollout CLI arguments)`, in start order.
 
         With more than one agent-loop worker they are named `agent-loop-0`, `agent-loop-1`,
         ... (one consumer group; Kafka shares the partitions). `metrics_ports` maps process
         names (not replicas: they serve `/metrics` on their own port) to the
-        `--metrics-port` each gets.
+        `--metrics-port` each gets. The judge's replicas, `judge-0`, ..., listen on
+        `judge_ports` (one each); none has a sync controller.
         """
+        judge_ports = judge_ports or []
+        if len(judge_ports) != self.judge_replicas:
+            raise ValueError(f"{self.judge_replicas} judge replicas, {len(judge_ports)} ports")
         plan: list[tuple[str, list[str]]] = []
         for i, port in enumerate(replica_ports):
             url = f"http://{self.host}:{port}"
@@ -152,6 +167,17 @@ class StagePlan:
                 *self.replica_args,
             ]))  # fmt: skip
             plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
+        for i, port in enumerate(judge_ports):
+            plan.append((f"judge-{i}", [
+                "replica", "serve",
+                "--backend", "hf",
+                "--model", self.judge_model,
+                "--port", str(port),
+                "--replica-id", f"judge-{i}",
+                "--threads", str(self.judge_threads),
+                "--register",
+                "--role", "judge",
+            ]))  # fmt: skip
         commands = {
             "agent-loop": ["worker", "agent-loop", "--model", self.model_dir],
             "reward": ["worker", "reward"],
@@ -169,10 +195,29 @@ class StagePlan:
         return _with_metrics_ports(plan, metrics_ports or {})
 
 
+def judge_plan(cfg: RunConfig) -> dict[str, Any]:
+    """The `StagePlan` fields of the run's judge pool (none when `reward.judge` is off)."""
+    judge = cfg.reward.judge
+    if not judge.enable or not judge.replicas:
+        return {}
+    assert judge.model is not None  # JudgeConfig checks it
+    return {
+        "judge_model": judge.model,
+        "judge_replicas": judge.replicas,
+        "judge_threads": judge.threads,
+    }
+
+
+def serves_http(name: str) -> bool:
+    """Whether the process `name` is a replica (policy or judge): it serves `/metrics` on its
+    own HTTP port and takes no `--metrics-port`."""
+    return name.startswith(("replica-", "judge-"))
+
+
 def _with_metrics_ports(
     plan: list[tuple[str, list[str]]], ports: dict[str, int]
 ) -> list[tuple[str, list[str]]]:
-    names = {name for name, _ in plan if not name.startswith("replica-")}
+    names = {name for name, _ in plan if not serves_http(name)}
     if unknown := sorted(set(ports) - names):
         raise ValueError(f"no process takes --metrics-port: {', '.join(unknown)}")
     return [
@@ -205,14 +250,16 @@ class LocalPipeline:
         metrics: bool = False,
         **plan: Any,
     ) -> None:
-        """`plan`: the fields of `StagePlan` (`model_dir`, `backend`, `agent_loop_workers`, ...)."""
+        """`plan`: the fields of `StagePlan` (`model_dir`, `backend`, `agent_loop_workers`, ...);
+        the judge's pool comes from `cfg` (`judge_plan`) unless `plan` says otherwise."""
         self.cfg = cfg
-        self.plan = StagePlan(**plan)
+        self.plan = StagePlan(**{**judge_plan(cfg), **plan})
         self.run_dir = Path(run_dir)
         self.replicas = replicas
         self.extra_env = extra_env or {}
         self.processes: list[StageProcess] = []
         self.replica_urls: list[str] = []
+        self.judge_urls: list[str] = []
         self.metrics = metrics  # each non-replica process serves /metrics on a free port
         self.metrics_ports: dict[str, int] = {}
 
@@ -226,9 +273,11 @@ class LocalPipeline:
         base = [sys.executable, "-m", "pipeline.cli.main", "--config", str(config_path)]
         ports = [free_port() for _ in range(self.replicas)]
         self.replica_urls = [f"http://127.0.0.1:{port}" for port in ports]
-        plan = self.plan.processes(ports)
+        judge_ports = [free_port() for _ in range(self.plan.judge_replicas)]
+        self.judge_urls = [f"http://127.0.0.1:{port}" for port in judge_ports]
+        plan = self.plan.processes(ports, judge_ports=judge_ports)
         if self.metrics:
-            names = [name for name, _ in plan if not name.startswith("replica-")]
+            names = [name for name, _ in plan if not serves_http(name)]
             self.metrics_ports = {name: free_port() for name in names}
             plan = _with_metrics_ports(plan, self.metrics_ports)
         for name, argv in plan:

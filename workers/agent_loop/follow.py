@@ -11,8 +11,9 @@
 - the prompts topic's committed offsets, with the started-through offset each worker commits
   as metadata: how many prompts the whole consumer group has taken (`follow_group_progress`,
   an admin client polling twice a second rather than a consumer).
-- `rl.replicas`: replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed by
-  the replica id); the router adds and drops them.
+- `rl.replicas`: policy replicas that register (a `ReplicaInfo`) and leave (a tombstone keyed
+  by the replica id); the router adds and drops them. Judge replicas (`role: judge`, the reward
+  stage's) are never added (`workers.llm.discovery`).
 
 Each follower runs until cancelled, with its own consumer (`workers.kafka.follow`: no group,
 nothing committed, an undecodable record on the policy or replicas topic logged and skipped);
@@ -28,7 +29,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from schemas.events import PolicyVersion, ReplicaInfo
+from schemas.events import PolicyVersion
 from schemas.headers import DLQ_PREFIX
 from schemas.stale import is_trainer_drop
 from workers.agent_loop.admission import AdmissionGate
@@ -36,6 +37,7 @@ from workers.agent_loop.offsets import OffsetTracker
 from workers.kafka.clients import make_aio_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import events_from_beginning, records_from_beginning
+from workers.llm import discovery
 
 __all__ = [
     "follow_dead_prompts",
@@ -149,10 +151,5 @@ def _started_through(metadata: str | None) -> int:
 async def follow_replicas(
     kafka: KafkaConfig, topics: TopicsConfig, router: Any, *, client_id: str
 ) -> None:
-    """Add and remove the router's replicas as they register on (and leave) the topic."""
-    replicas = topics.name("replicas")
-    async for item in events_from_beginning(kafka, replicas, client_id=client_id, tombstones=True):
-        if isinstance(item, ReplicaInfo):
-            router.add_replicas([item])
-        elif isinstance(item, bytes):
-            router.remove_replicas([item.decode()])
+    """Add and remove the router's policy replicas as they register on (and leave) the topic."""
+    await discovery.follow_replicas(kafka, topics, router, role="policy", client_id=client_id)

@@ -29,6 +29,9 @@ Routing rule, in order:
     not for serving.
 
 Invariants:
+    - A balancer routes to replicas of one role (`role`: the agent loops' `policy`, the reward
+      stage's `judge`); `add_replicas` refuses a replica of another role, so a policy router
+      never knows a judge, whatever its discovery hands it.
     - Routable replicas are kept sorted by `replica_id`, so routing depends only on the ids, the
       order of calls, and (deterministic mode) the request ids; never on insertion or set order.
     - In-flight counts never go negative; a replica that leaves keeps its count, so a request
@@ -45,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Literal, get_args
 
+from schemas.events import ReplicaRole
 from workers.llm.exceptions import NoReplicaError
 from workers.llm.fill import fills
 
@@ -78,14 +82,18 @@ class Replica:
         "load",
         "load_at",
         "replica_id",
+        "role",
         "since",
         "version",
     )
 
-    def __init__(self, replica_id: str, address: str, version: int = 0) -> None:
+    def __init__(
+        self, replica_id: str, address: str, version: int = 0, role: ReplicaRole = "policy"
+    ) -> None:
         self.replica_id = replica_id
         self.address = address.rstrip("/")
         self.version = version
+        self.role: ReplicaRole = role
         self.healthy = True
         self._slot = -1  # index in the balancer's routable lists; -1 when not routable
         self._inflight = 0  # in-flight count while not routable (the list holds it otherwise)
@@ -115,6 +123,7 @@ class Balancer:
         "_sticky",
         "deterministic",
         "load_ttl_s",
+        "role",
         "routing",
         "sticky_size",
     )
@@ -126,6 +135,7 @@ class Balancer:
         deterministic: bool = False,
         routing: Routing = "sticky",
         load_ttl_s: float = 10.0,
+        role: ReplicaRole = "policy",
     ) -> None:
         if sticky_size < 1:
             raise ValueError("sticky_size must be >= 1")
@@ -135,6 +145,7 @@ class Balancer:
         self.deterministic = deterministic
         self.routing = routing
         self.load_ttl_s = load_ttl_s
+        self.role: ReplicaRole = role
         self._known: dict[str, Replica] = {}
         self._routable: list[Replica] = []
         self._inflight: list[int] = []  # parallel to _routable
@@ -298,9 +309,20 @@ class Balancer:
     # ---- membership (rare; rebuilds the routable lists) -----------------------------------
 
     def add_replicas(self, replicas: Iterable[Replica]) -> list[Replica]:
-        """Add replicas (or update the address of known ids); returns the ones newly added."""
+        """Add replicas (or update the address of known ids); returns the ones newly added.
+        A replica of another role than the balancer's is left out (logged), and a known id that
+        comes back under another role is removed."""
         added: list[Replica] = []
         for rep in replicas:
+            if rep.role != self.role:
+                logger.info(
+                    "replica %s serves role %s, not %s: not routed to",
+                    rep.replica_id,
+                    rep.role,
+                    self.role,
+                )
+                self.remove_replicas([rep.replica_id])
+                continue
             old = self._known.get(rep.replica_id)
             if old is not None:
                 if old.address != rep.address:

@@ -64,6 +64,7 @@ class RewardStage:
         metrics: StageMetrics | None = None,
     ) -> None:
         self.kafka = kafka
+        self.topics = topics
         self.config = config
         self.turns_topic_name = topics.name("turns")
         self.scored_topic = topics.name("scored")
@@ -109,7 +110,8 @@ class RewardStage:
         return status
 
     async def start_clients(self) -> None:
-        """Producer, ledger, scorer pool and reward-model client (before the group join)."""
+        """Producer, ledger, scorer pool, reward-model client or judge (before the group
+        join)."""
         client_id = self.client_id
         self.producer = make_aio_producer(self.kafka, client_id=f"{client_id}-out")
         await self.producer.start()
@@ -129,8 +131,16 @@ class RewardStage:
         client = None
         if rm.enable and rm.style == "discriminative" and self.config.custom is None:
             client = RewardModelClient(rm.addresses, timeout_s=rm.timeout_s, max_batch=rm.max_batch)
+        judge = None
+        if self.config.scorer_kind == "judge":
+            from workers.reward.judge import Judge  # the LLM client: only when there is a judge
+
+            judge = Judge(
+                self.config.judge, kafka=self.kafka, topics=self.topics, client_id=client_id
+            )
+            await judge.start()
         self.dispatcher = Dispatcher(
-            self.config, tokenizer=self.tokenizer, pool=self.pool, reward_model=client
+            self.config, tokenizer=self.tokenizer, pool=self.pool, reward_model=client, judge=judge
         )
         self.processor = TurnProcessor(
             self.config,

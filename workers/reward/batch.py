@@ -57,14 +57,19 @@ from schemas.codec import decode_as, encode, headers_for
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError, DuplicateUidError
 from schemas.events import ScoredTrajectory, TurnEvent
-from schemas.headers import TRAJECTORY_ID
+from schemas.headers import REWARD_FAILURE, TRAJECTORY_ID
 from workers.kafka.changelog import ChangelogTable
 from workers.kafka.dlq import AioDeadLetters
 from workers.metrics import StageMetrics
 from workers.reward.assembler import Assembled, TrajectoryState, apply_turn, assemble
 from workers.reward.config import RewardConfig
 from workers.reward.dispatch import Dispatcher, Score
-from workers.reward.exceptions import RewardError, ScorerTimeout, UnknownDataSource
+from workers.reward.exceptions import (
+    RewardError,
+    ScorerTimeout,
+    UnknownDataSource,
+    VerdictError,
+)
 from workers.reward.ledger import ScoredLedger
 from workers.reward.letters import STAGE, abandoned_letter, record_letter, trajectory_letter
 from workers.reward.overlong import overlong_penalty
@@ -256,16 +261,17 @@ class TurnProcessor:
                 acks.append(await self._send_letter(trajectory_letter(record, scored, result)))
             else:
                 partition = self.ledger.partition_of(scored.uid)
+                headers = [*headers_for(scored), (TRAJECTORY_ID, scored.trajectory_id.encode())]
+                if outcome == "failure_scored":  # `rollout status` counts these by cause
+                    cause = str(scored.reward_extra["reward_error_cause"])
+                    headers.append((REWARD_FAILURE, cause.encode()))
                 acks.append(
                     await self.producer.send(
                         self.scored_topic,
                         encode(scored),
                         key=scored.uid.encode(),
                         partition=partition,
-                        headers=[
-                            *headers_for(scored),
-                            (TRAJECTORY_ID, scored.trajectory_id.encode()),
-                        ],
+                        headers=headers,
                     )
                 )
                 outputs.append((scored, draft.started_at))
@@ -297,8 +303,15 @@ class TurnProcessor:
         return self._settle(acks, finished, outputs, now)
 
     def _judge(self, draft: Assembled, result: Any) -> tuple[ScoredTrajectory, str]:
-        """The trajectory with its score, and its outcome: scored, failure_scored, dead_lettered."""
+        """The trajectory with its score, and its outcome: scored, failure_scored, dead_lettered.
+
+        A judge's answer without a verdict is failure-scored whatever `on_failure` says (the
+        trajectory is sound; dropping it would lose it for the judge's fault), with the
+        judge's `failure_score`, and counted."""
+        judged = self.dispatcher.kind == "judge"
         if isinstance(result, Score):
+            if judged:
+                self.metrics.judge_verdict("parsed")
             value, extra = result.value, result.extra
             penalty = overlong_penalty(len(draft.fields["response_ids"]), self.config.overlong)
             if penalty:
@@ -309,9 +322,16 @@ class TurnProcessor:
         self.stats.add("scorer_timeouts" if isinstance(result, ScorerTimeout) else "scorer_errors")
         if isinstance(result, UnknownDataSource):
             self.stats.add("unknown_data_source")
+        unparseable = isinstance(result, VerdictError)
+        if unparseable:
+            self.stats.add("unparseable_verdicts")
+        if judged:
+            self.metrics.judge_verdict("unparseable" if unparseable else "failed")
         tagged = ScoredTrajectory(
             **draft.fields,
-            reward_score=self.config.failure_score,
+            reward_score=self.config.judge.failure_score
+            if unparseable
+            else self.config.failure_score,
             reward_extra={
                 "reward_failed": True,
                 "reward_error_class": getattr(result, "error_class", type(result).__name__),
@@ -319,7 +339,9 @@ class TurnProcessor:
                 "reward_error": str(result)[:1000],
             },
         )
-        if self.config.on_failure == "score" and not isinstance(result, UnknownDataSource):
+        if unparseable or (
+            self.config.on_failure == "score" and not isinstance(result, UnknownDataSource)
+        ):
             return tagged, "failure_scored"
         return tagged, "dead_lettered"
 

@@ -1,24 +1,30 @@
 """`RewardConfig`: everything the reward stage is configured by, and nothing else.
 
 Imports no Kafka client, torch or transformers (the CLI parses it before anything heavy loads).
-Scorer dispatch, in order: `custom` when set; else `reward_model` when enabled; else the
-rule-based scorer that `data_sources` maps the trajectory's `data_source` to. A generative
-reward model without a custom function is rejected here, at start.
+Scorer dispatch, in order: `custom` when set; else the LLM judge (`judge`) when enabled; else
+`reward_model` when enabled; else the rule-based scorer that `data_sources` maps the
+trajectory's `data_source` to. A generative reward model is the judge (`reward.judge`: its
+replicas, a prompt template and a verdict parser), or a custom function that calls one; a
+generative `reward_model` without either is rejected here, at start.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workers.kafka.stage_config import StageLoopConfig, group_id_field, sweep_interval_field
+from workers.llm.config import LLMClientConfig
 from workers.reward.overlong import OverlongConfig
+from workers.reward.verdict import check_pattern, check_template
 
 __all__ = [
     "DEFAULT_DATA_SOURCES",
     "CustomRewardConfig",
     "Gsm8kConfig",
+    "JudgeConfig",
     "MathConfig",
     "RewardConfig",
     "RewardModelConfig",
@@ -99,6 +105,107 @@ class RewardModelConfig(BaseModel):
     max_batch: int = Field(default=64, ge=1, le=4096, description="Sequences per request.")
 
 
+DEFAULT_JUDGE_TEMPLATE = (
+    "Grade the answer to the question below against the reference answer.\n\n"
+    "Question:\n{prompt}\n\nReference answer: {ground_truth}\n\nAnswer:\n{response}\n\n"
+    "End your reply with 'Verdict: 1' if the answer is correct, 'Verdict: 0' if it is not."
+)
+
+
+class JudgeConfig(BaseModel):
+    """An LLM judge (a generative reward model) on replicas of its own: `rl.replicas` role
+    `judge`, which the agent loops never route to and no weight update reaches.
+
+    Each trajectory's prompt and response (decoded with `reward.tokenizer`) and its reference
+    answer fill `template`; the judge's tokenizer (`model`) encodes it, through its chat
+    template unless `chat_template` is off; the judge answers through the LLM client (sticky,
+    least-loaded, resumed on another replica when one fails), many trajectories at once; the
+    last match of `verdict` in the answer is the score (`workers.reward.verdict`). An answer
+    without one gets `failure_score`, tagged (`reward_error_cause: unparseable_verdict`), and
+    is counted (`unparseable_verdicts`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = Field(default=False, description="Score every trajectory with the judge.")
+    model: str | None = Field(
+        default=None,
+        description="The judge's model directory: its tokenizer writes the judge's prompts, and "
+        "the launchers serve it.",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Judge replicas the launchers start on the trainer's resources (colocated;"
+        " 0: none, the judge runs elsewhere).",
+    )
+    threads: int = Field(
+        default=1, ge=1, le=256, description="torch threads of each judge replica launched (hf)."
+    )
+    addresses: list[str] = Field(
+        default_factory=list,
+        description="Judge replica URLs; empty: every replica registered on rl.replicas with "
+        "role judge.",
+    )
+    template: str = Field(
+        default=DEFAULT_JUDGE_TEMPLATE,
+        min_length=1,
+        description="The judge's prompt: {prompt}, {response}, {ground_truth}, {data_source} "
+        "(a literal brace doubled).",
+    )
+    chat_template: bool = Field(
+        default=True,
+        description="Send the prompt as one user message through the judge's chat template.",
+    )
+    verdict: str = Field(
+        default=r"Verdict:\s*([-+]?\d+(?:\.\d+)?)",
+        min_length=1,
+        description="Regular expression with one capture group; its last match in the answer "
+        "is the verdict.",
+    )
+    verdict_scores: dict[str, float] = Field(
+        default_factory=dict,
+        description="Verdict text (case-insensitive) → score; empty: the verdict is a number, "
+        "the score.",
+    )
+    failure_score: float = Field(
+        default=0.0, description="Score of a trajectory whose verdict cannot be parsed (tagged)."
+    )
+    max_tokens: int = Field(default=64, ge=1, le=65536, description="Tokens the judge may answer.")
+    temperature: float = Field(default=0.0, ge=0.0, description="Judge sampling; 0 is greedy.")
+    max_in_flight: int = Field(
+        default=64, ge=1, le=65536, description="Verdicts asked for at once, at most."
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0, le=86400, description="Per trajectory, for its verdict."
+    )
+    llm: LLMClientConfig = Field(
+        default_factory=lambda: LLMClientConfig(no_replica_wait_s=300.0),
+        description="The judge's LLM client: timeouts, retries, routing, health checks.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        check_template(value)
+        return value
+
+    @field_validator("verdict")
+    @classmethod
+    def _verdict(cls, value: str) -> str:
+        check_pattern(value)
+        return value
+
+    @model_validator(mode="after")
+    def _model(self) -> JudgeConfig:
+        if self.enable and not self.model:
+            raise ValueError("judge.enable needs judge.model (the judge's model directory)")
+        scores = [self.failure_score, *self.verdict_scores.values()]
+        if not all(math.isfinite(score) for score in scores):
+            raise ValueError("judge.failure_score and judge.verdict_scores must be finite")
+        return self
+
+
 class RewardConfig(StageLoopConfig):
     """The reward stage: `rl.turns` → assembled, scored trajectories on `rl.scored`."""
 
@@ -148,6 +255,9 @@ class RewardConfig(StageLoopConfig):
     math: MathConfig = Field(default_factory=MathConfig)
     custom: CustomRewardConfig | None = Field(default=None, description="Overrides all scorers.")
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="An LLM judge on replicas of its own."
+    )
     data_sources: dict[str, RuleScorer] = Field(
         default_factory=lambda: dict(DEFAULT_DATA_SOURCES),
         description="data_source → rule scorer; unknown ones are dead-lettered.",
@@ -156,10 +266,15 @@ class RewardConfig(StageLoopConfig):
     @model_validator(mode="after")
     def _dispatch(self) -> RewardConfig:
         rm = self.reward_model
+        if rm.enable and self.judge.enable and self.custom is None:
+            raise ValueError(
+                "reward_model.enable and judge.enable both choose the scorer; enable one "
+                "(a generative reward model is the judge)"
+            )
         if rm.enable and rm.style == "generative" and self.custom is None:
             raise ValueError(
-                "reward_model.style='generative' needs a custom reward function "
-                "(reward.custom.path/name) that calls the model; none is configured"
+                "reward_model.style='generative' needs reward.judge (judge.enable, judge.model) "
+                "or a custom reward function (reward.custom.path/name) that calls the model"
             )
         if rm.enable and rm.style == "discriminative" and self.custom is None and not rm.addresses:
             raise ValueError("reward_model.enable needs reward_model.addresses (/classify URLs)")
@@ -177,10 +292,12 @@ class RewardConfig(StageLoopConfig):
         return None
 
     @property
-    def scorer_kind(self) -> Literal["custom", "reward_model", "rule"]:
+    def scorer_kind(self) -> Literal["custom", "judge", "reward_model", "rule"]:
         """Which scorer every trajectory goes to (dispatch is per stage, not per item)."""
         if self.custom is not None:
             return "custom"
+        if self.judge.enable:
+            return "judge"
         if self.reward_model.enable:
             return "reward_model"
         return "rule"

@@ -5,8 +5,11 @@ Order (decided once per stage by `RewardConfig.scorer_kind`):
    `ground_truth`, `data_source`, `extra_info`, and `trajectory` if it accepts it (or
    `**kwargs`), plus the configured `kwargs`; sync (in a thread or in the process pool) or
    async (awaited on the loop);
-2. discriminative reward model when enabled — one `/classify` request per batch;
-3. the rule scorer `data_sources` names for the trajectory's `data_source`: gsm8k inline
+2. the LLM judge when enabled (`workers.reward.judge`) — one verdict per trajectory, asked for
+   concurrently: the template filled with the decoded prompt and response and the reference
+   answer (`workers.reward.verdict`);
+3. discriminative reward model when enabled — one `/classify` request per batch;
+4. the rule scorer `data_sources` names for the trajectory's `data_source`: gsm8k inline
    (it reads at most 300 characters), math in the process pool with a per-item timeout.
 
 The response is decoded with the tokenizer (`skip_special_tokens=True`), tool and user tokens
@@ -24,7 +27,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +39,10 @@ from workers.reward.pool import ScorerPool
 from workers.reward.rm_client import RewardModelClient
 from workers.reward.scorers.gsm8k import CLIP_CHARS, gsm8k_score
 from workers.reward.scorers.truth import reference_answers
+from workers.reward.verdict import render
+
+if TYPE_CHECKING:
+    from workers.reward.judge import Judge  # the LLM client: imported when there is a judge
 
 __all__ = ["Dispatcher", "Score", "decode_tail", "load_custom", "normalise_result"]
 
@@ -105,12 +112,14 @@ class Dispatcher:
         tokenizer: Any | None,
         pool: ScorerPool | None,
         reward_model: RewardModelClient | None = None,
+        judge: Judge | None = None,
     ) -> None:
         self.config = config
         self.kind = config.scorer_kind
         self.tokenizer = tokenizer
         self.pool = pool
         self.reward_model = reward_model
+        self.judge = judge
         self._custom: Callable[..., Any] | None = None
         self._custom_takes_trajectory = False
         if config.custom is not None:
@@ -118,6 +127,8 @@ class Dispatcher:
             self._custom_takes_trajectory = _accepts_trajectory(self._custom)
         if self.kind == "reward_model" and reward_model is None:
             raise ValueError("reward_model scoring needs a RewardModelClient")
+        if self.kind == "judge" and judge is None:
+            raise ValueError("judge scoring needs a Judge")
 
     async def score_batch(self, items: list[Assembled]) -> list[Score | RewardError]:
         """One `Score` or `RewardError` per item, in order; never raises for an item."""
@@ -126,6 +137,8 @@ class Dispatcher:
         if self.kind == "reward_model":
             return await self._score_rm(items)
         texts = self._decode(items)
+        if self.kind == "judge":
+            return await self._score_judge(items, texts)
         results: list[Score | RewardError | None] = [None] * len(items)
         waits: list[int] = []
         for i, (item, text) in enumerate(zip(items, texts, strict=True)):
@@ -246,6 +259,37 @@ class Dispatcher:
         score.extra.setdefault("scorer", "custom")
         return score
 
+    async def _score_judge(
+        self, items: list[Assembled], responses: list[str]
+    ) -> list[Score | RewardError]:
+        """Every item's verdict, asked for at once (the judge bounds how many are out)."""
+        template = self.config.judge.template
+        prompts = [""] * len(items)
+        if "{prompt}" in template:
+            assert self.tokenizer is not None
+            ids = [item.fields["prompt_ids"].tolist() for item in items]
+            prompts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        texts = [
+            render(
+                template,
+                prompt=prompt,
+                response=response,
+                ground_truth=item.ground_truth,
+                data_source=item.data_source,
+            )
+            for item, prompt, response in zip(items, prompts, responses, strict=True)
+        ]
+        ids = [item.fields["trajectory_id"] for item in items]
+        return list(await asyncio.gather(*map(self._verdict, ids, texts)))
+
+    async def _verdict(self, trajectory_id: str, text: str) -> Score | RewardError:
+        assert self.judge is not None
+        try:
+            value, extra = await self.judge.verdict(f"judge:{trajectory_id}", text)
+        except RewardError as exc:
+            return exc
+        return Score(value, extra)
+
     async def _score_rm(self, items: list[Assembled]) -> list[Score | RewardError]:
         assert self.reward_model is not None
         sequences = [
@@ -268,6 +312,8 @@ class Dispatcher:
     async def close(self) -> None:
         if self.reward_model is not None:
             await self.reward_model.close()
+        if self.judge is not None:
+            await self.judge.close()
 
 
 def decode_tail(tokenizer: Any, arrays: list[np.ndarray], chars: int) -> list[str]:

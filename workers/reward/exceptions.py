@@ -5,12 +5,16 @@
         ├── ScorerError                 a scorer raised; carries the original class name
         │   ├── ScorerTimeout           a scorer exceeded its per-item timeout
         │   ├── ScorerCrashed           a pool worker died while scoring
-        │   └── RewardModelError        the /classify endpoint failed or answered badly
+        │   ├── RewardModelError        the /classify endpoint failed or answered badly
+        │   └── JudgeError              the judge's replicas could not give a verdict
+        │       └── VerdictError        the judge answered, but no verdict could be parsed
         └── UnknownDataSource           no scorer for the trajectory's data_source
 
 Every one of them sends the trajectory to the dead-letter topic (or, with
 `on_failure='score'`, to `rl.scored` with the failure score and a tag); `cause` is the short
-machine-readable reason written into the dead letter's headers.
+machine-readable reason written into the dead letter's headers. A `VerdictError` always takes
+the second way (`reward.judge.failure_score`, tagged): the trajectory is sound, the judge's
+answer is not, and the count of them (`unparseable_verdicts`) says how often.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from __future__ import annotations
 from schemas.errors import RolloutError
 
 __all__ = [
+    "JudgeError",
     "RewardError",
     "RewardModelError",
     "ScorerCrashed",
     "ScorerError",
     "ScorerTimeout",
     "UnknownDataSource",
+    "VerdictError",
 ]
 
 
@@ -63,6 +69,24 @@ class RewardModelError(ScorerError):
     """The reward model's /classify failed or its answer does not fit the request."""
 
     cause = "reward_model"
+
+
+class JudgeError(ScorerError):
+    """No verdict came back from the judge's replicas (none routable, retries used up, its
+    timeout)."""
+
+    cause = "judge"
+
+
+class VerdictError(JudgeError):
+    """The judge answered, and its answer holds no verdict the configured parser reads;
+    `answer` is what it said."""
+
+    cause = "unparseable_verdict"
+
+    def __init__(self, message: str, *, answer: str) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 class UnknownDataSource(RewardError):

@@ -7,6 +7,7 @@ Counters only grow. Outcomes of `assembler.apply_turn` are counted under their o
     scored              emitted with a real score     failure_scored   emitted with failure_score
     dead_lettered       trajectories sent to rl.dlq   unknown_data_source  (also dead-lettered)
     scorer_errors       scorers that raised           scorer_timeouts  scorers that timed out
+    unparseable_verdicts  the judge answered with no verdict (failure-scored, tagged)
     emit_recovered_present  after a restart: already on rl.scored, not emitted again
     done_expired        DONE states deleted after `done_retention_s`
 

@@ -40,14 +40,22 @@ class StageRunner:
 
     def where(self) -> dict[str, Any]:
         """This actor's node, a port free on all its interfaces (for a replica, or rank 0's
-        rendezvous) and the GPUs Ray granted it (their ids on the node)."""
+        rendezvous), the GPUs Ray granted it (their ids on the node) and the placement group
+        it was scheduled into (None: none; the trainer's, for colocated replicas)."""
         import ray
 
         port = free_port("0.0.0.0")
         ctx = ray.get_runtime_context()
         gpus = [str(g) for g in ray.get_gpu_ids()]
         ip = ray.util.get_node_ip_address()
-        return {"node_id": ctx.get_node_id(), "ip": ip, "port": port, "gpus": gpus}
+        group = ctx.get_placement_group_id()
+        return {
+            "node_id": ctx.get_node_id(),
+            "ip": ip,
+            "port": port,
+            "gpus": gpus,
+            "placement_group": group,
+        }
 
     def start(
         self, cli_argv: list[str], env: dict[str, str], cwd: str | None = None

@@ -121,6 +121,7 @@ def test_every_name_in_the_contract_is_rendered_somewhere() -> None:
     stage.observe_turn(1)
     stage.observe_trajectory(1)
     stage.observe_staleness(0)
+    stage.judge_verdict("parsed")
     stage.watch(in_flight=lambda: 0, policy_version=lambda: 0)
     trainer = TrainerMetrics()
     trainer.step({"loss": 0.0, "is_weight_mean": 1.0, "is_weight_max": 1.0}, 0.0)

@@ -10,9 +10,20 @@ newer than what the replica serves (its `/health` version) posts `{path, version
 replica's `/update_weights`, which by the replica contract pauses (aborting in-flight
 requests, which the LLM client resumes transparently), loads, sets the version and resumes.
 
+With `trainer.weight_transfer: broadcast` the newest `PolicyVersion` carries the trainer's
+rendezvous (`transfer`): the controller keeps one want standing at the trainer's store
+(`weight_receiver.GrantClient`) and posts each grant that answers it to the replica
+(`{version, transfer}`); the replica receives over the trainer's group, loads, and answers.
+A replica that waits for its first weights (`awaiting_weights` in its 503 `/health`) first
+tries the announced checkpoint when one is named and it can read it, else waits for a grant.
+
 Invariants:
+- Only a policy replica is synced: a replica whose `/health` says another role (a judge,
+  serving another model) stops the controller with `SyncError` before anything is posted.
 - Idempotent: a version the replica already serves (or a newer one) is never posted again;
-  intermediate versions that arrive while a load runs are skipped (the newest wins).
+  intermediate versions that arrive while a load runs are skipped (the newest wins). Under
+  broadcast the newest is the latest record of a trainer session (a trainer restarted from an
+  older checkpoint announces a new session, and its version wins even when lower).
 - The replica's version is re-read every `health_interval_s`: a replica that restarted at an
   older version is brought back to the newest one.
 - A checkpoint the replica rejects (4xx: missing, pruned, wrong shapes) is logged and not
@@ -24,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 import urllib.error
@@ -35,6 +47,7 @@ from schemas.events import PolicyVersion
 from workers.kafka.admin import topic_partitions
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import TopicFollower
+from workers.llm.replicas.weight_receiver import GrantClient
 from workers.metrics import StageMetrics
 
 __all__ = ["ReplicaSync", "SyncError", "run_controller"]
@@ -43,7 +56,8 @@ log = logging.getLogger("rollout.replica.sync")
 
 
 class SyncError(RolloutError):
-    """The policy topic cannot be followed (it does not exist)."""
+    """The policy topic cannot be followed (it does not exist), or the replica is no policy
+    replica (a judge: it serves another model and never takes the policy's weights)."""
 
 
 class ReplicaSync:
@@ -54,11 +68,19 @@ class ReplicaSync:
         self.timeout = request_timeout_s
         self.newest: PolicyVersion | None = None
         self.served: int | None = None
+        self.awaiting = False  # started for broadcast weights, holds none of the trainer's yet
+        self.receivers = 1  # processes that receive a broadcast (a vLLM replica's workers)
         self.rejected: set[int] = set()
         self.applied: list[int] = []
 
     def observe(self, event: PolicyVersion) -> None:
-        if self.newest is None or event.version > self.newest.version:
+        new = self.newest
+        restarted = (
+            event.transfer is not None
+            and new is not None
+            and (new.transfer is None or new.transfer.session != event.transfer.session)
+        )
+        if new is None or event.version > new.version or restarted:
             self.newest = event
 
     def refresh(self) -> int | None:
@@ -78,7 +100,11 @@ class ReplicaSync:
             )
         except (OSError, ValueError) as exc:
             return self._unreachable(exc)
+        if (role := body.get("role", "policy")) != "policy":
+            raise SyncError(f"replica {self.url} is a {role} replica: it follows no policy")
         self.served = int(body.get("version", 0))
+        self.awaiting = bool(body.get("awaiting_weights", False))
+        self.receivers = max(1, int(body.get("receivers", self.receivers)))
         return self.served
 
     def _unreachable(self, exc: BaseException) -> None:
@@ -123,16 +149,36 @@ class ReplicaSync:
             log.warning("replica %s unreachable for version %d: %s", self.url, new.version, exc)
             self.served = None
             return False
-        self.served = new.version
-        self.applied.append(new.version)
+        self._loaded(new.version, new.path, started)
+        return True
+
+    def post_grant(self, grant: dict[str, Any]) -> bool:
+        """Post the trainer's grant: the replica receives over its group and loads; True when
+        it now serves the granted version (a failure is logged; the next grant retries)."""
+        version, started = int(grant["version"]), time.monotonic()
+        try:
+            self._request("POST", "/update_weights", {"version": version, "transfer": grant})
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            log.warning("replica %s did not take version %d: %s", self.url, version, detail)
+            return False
+        except (OSError, ValueError) as exc:
+            log.warning("replica %s unreachable for version %d: %s", self.url, version, exc)
+            self.served = None
+            return False
+        self._loaded(version, f"broadcast {grant.get('address')}", started)
+        return True
+
+    def _loaded(self, version: int, source: str, started: float) -> None:
+        self.served, self.awaiting = version, False
+        self.applied.append(version)
         log.info(
             "replica %s now serves version %d from %s (%.2fs)",
             self.url,
-            new.version,
-            new.path,
+            version,
+            source,
             time.monotonic() - started,
         )
-        return True
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
@@ -189,15 +235,27 @@ async def _control(
         last_health = 0.0
         backoff = 0.5
         log.info("syncing replica %s from %s", sync.url, follower.topic)
+        grants: GrantClient | None = None
+        tried: set[int] = set()  # versions whose checkpoint an awaiting replica was offered
         while not stop_event.is_set():
-            for event in await follower.poll(timeout_ms=int(poll_timeout_s * 1000)):
+            broadcast = sync.newest is not None and sync.newest.transfer is not None
+            # Under broadcast the wait for a grant paces the loop (up to poll_timeout_s).
+            wait_ms = 50 if broadcast else int(poll_timeout_s * 1000)
+            for event in await follower.poll(timeout_ms=wait_ms):
                 if isinstance(event, PolicyVersion):
                     sync.observe(event)
             now = time.monotonic()
             if sync.served is None or now - last_health > health_interval_s:
                 await asyncio.to_thread(sync.refresh)
                 last_health = now
-            if sync.due():
+            if broadcast:
+                grants = grants or GrantClient(sync.url)
+                if await asyncio.to_thread(_broadcast_step, sync, grants, tried, poll_timeout_s):
+                    backoff = 0.5
+                else:
+                    await asyncio.to_thread(stop_event.wait, backoff)
+                    backoff = min(backoff * 2, 30.0)
+            elif sync.due():
                 if await asyncio.to_thread(sync.apply):
                     backoff = 0.5
                 else:
@@ -205,6 +263,32 @@ async def _control(
                     backoff = min(backoff * 2, 30.0)
     finally:
         await follower.stop()
+
+
+def _broadcast_step(sync: ReplicaSync, grants: GrantClient, tried: set[int], wait_s: float) -> bool:
+    """One round under broadcast (in a thread): keep the want standing, post a grant that
+    came. False when the trainer's store cannot be reached (the caller backs off)."""
+    new = sync.newest
+    assert new is not None and new.transfer is not None
+    if sync.served is None:  # the replica does not answer: nothing to want for yet
+        time.sleep(min(wait_s, 1.0))
+        return True
+    if sync.awaiting and new.path and new.version not in tried:
+        tried.add(new.version)  # a checkpoint this host can read serves at once
+        if os.access(new.path, os.R_OK | os.X_OK) and sync.apply():
+            return True
+    try:
+        grants.connect(new.transfer)
+        grants.want(-1 if sync.awaiting else sync.served, sync.receivers)
+        grant = grants.wait(wait_s)
+    except (RuntimeError, OSError) as exc:  # torch's store errors: the trainer is gone
+        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        log.warning("replica %s: weight store %s: %s", sync.url, new.transfer.address, why)
+        grants.close()
+        return False
+    if grant is not None:
+        sync.post_grant(grant)
+    return True
 
 
 def _json_body(exc: urllib.error.HTTPError) -> dict[str, Any]:

@@ -242,3 +242,39 @@ def test_bench_router_smoke() -> None:
     assert {"ops_per_s", "replicas", "ids", "ops", "sticky_fraction"} <= out.keys()
     assert out["ops_per_s"] > 0 and 0.3 < out["sticky_hit_rate"] < 0.5  # type: ignore[operator]
     assert out["max_imbalance"] < 0.2  # type: ignore[operator]
+
+
+# --- roles ------------------------------------------------------------------------------------
+
+
+def test_a_policy_balancer_never_routes_to_a_judge_and_a_judge_one_only_to_judges() -> None:
+    policy = make(2)
+    judge = Replica("j0", "http://h:9000", role="judge")
+    assert policy.add_replicas([judge]) == []
+    assert [r.replica_id for r in policy.routable()] == ["r0", "r1"]
+    assert {policy.acquire(f"req-{i}").replica_id for i in range(50)} == {"r0", "r1"}
+    judges = Balancer(role="judge")
+    assert judges.add_replicas([Replica("p0", "http://h:1"), judge]) == [judge]
+    assert {judges.acquire(f"req-{i}").replica_id for i in range(5)} == {"j0"}
+
+
+def test_a_known_id_that_comes_back_as_a_judge_leaves_the_policy_balancer() -> None:
+    bal = make(2)
+    bal.acquire("sticky")  # pinned to one of them
+    bal.add_replicas([Replica("r0", "http://h:8000", role="judge")])
+    assert [r.replica_id for r in bal.replicas()] == ["r1"]
+    assert bal.acquire("sticky").replica_id == "r1"
+
+
+def test_the_client_takes_the_role_from_rl_replicas_and_bare_urls_as_its_own() -> None:
+    from schemas.events import ReplicaInfo
+    from workers.llm.client import LLMClient
+
+    infos = [
+        ReplicaInfo(replica_id="p0", address="http://h:1", backend="hf"),
+        ReplicaInfo(replica_id="j0", address="http://h:2", backend="hf", role="judge"),
+    ]
+    agent = LLMClient(replicas=infos)
+    assert [r.replica_id for r in agent.balancer.replicas()] == ["p0"]
+    reward = LLMClient(replicas=[*infos, "http://h:3"], role="judge")
+    assert [r.replica_id for r in reward.balancer.replicas()] == ["http://h:3", "j0"]
