@@ -37,6 +37,7 @@ from workers.llm.replicas.vllm_config import VLLMLaunchConfig
 from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
+from workers.transfer.config import WeightTransferConfig
 
 __all__ = [
     "DERIVED",
@@ -99,6 +100,7 @@ class RunConfig(BaseSettings):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     vllm: VLLMLaunchConfig = Field(default_factory=VLLMLaunchConfig)
+    weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -64,15 +64,13 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
     """The backend's own `serve` options from `replica serve`'s flags (each backend's only)."""
-    common = {
-        "max_model_len": args.max_model_len,
-        "served_model_name": args.served_model_name,
-        # broadcast: a replica serves nothing until it holds the trainer's weights (a judge
-        # serves its own model and never gets them)
-        "await_weights": cfg.trainer.weight_transfer == "broadcast" and args.role == "policy",
-    }
+    common = {"max_model_len": args.max_model_len, "served_model_name": args.served_model_name}
+    # broadcast weights (hf, vllm): a replica serves nothing until it holds the trainer's (a
+    # judge serves its own model and never gets them)
+    awaits = cfg.trainer.weight_transfer == "broadcast" and args.role == "policy"
     if args.backend == "hf":
         return common | {
+            "await_weights": awaits,
             "threads": args.threads,
             "max_batch": args.max_batch,
             "prefix_cache_tokens": args.prefix_cache_tokens,
@@ -89,6 +87,7 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
             "python": args.sglang_python,
         }
     return common | {
+        "await_weights": awaits,
         "tp": args.tp,
         "dp": args.dp,
         "pp": args.pp,

@@ -37,6 +37,7 @@ from typing import Any
 from pipeline.config import RunConfig, load_config
 from pipeline.demo.recipe import DemoRecipe
 from pipeline.launch.local_run import merge
+from workers.llm.model_init import MOE_PRESETS
 
 __all__ = [
     "demo_config",
@@ -51,6 +52,9 @@ log = logging.getLogger("rollout.demo")
 
 MAX_STALENESS = 2
 DEADLINE_S = 540.0  # stop training in time for teardown and the report within 10 minutes
+# The moe preset: twice the warm-start steps (`PRESET_CHANGES`) of a model that takes ~2x the
+# time per token on a CPU; within 20 minutes.
+MOE_DEADLINE_S = 1140.0
 
 
 # vLLM replicas: fp32 like the trainer, started without torch.compile (a faster start).
@@ -84,10 +88,13 @@ def demo_config(
             "max_samples_in_flight": 64,
             "commit_interval_s": 0.5,
             "sampling": {"max_tokens": recipe.max_tokens, "temperature": 1.0},
-            # vLLM needs a minute or two to become healthy on a CPU; hf replicas seconds.
+            # vLLM needs a minute or two to become healthy on a CPU; hf replicas seconds, or
+            # as long as the trainer takes to start with broadcast weights (they wait for it).
             "llm": {
                 "health_interval_s": 1.0,
-                "no_replica_wait_s": 600.0 if backend == "vllm" else 30.0,
+                "no_replica_wait_s": 600.0
+                if backend == "vllm" or cfg.trainer.weight_transfer == "broadcast"
+                else 30.0,
             },
         },
         "reward": {
@@ -117,6 +124,9 @@ def demo_config(
             "max_staleness": max_staleness,  # the replay stage and the gate derive theirs
             "torch_threads": 1,
             "seed": recipe.seed,
+            # A MoE policy trains through the experts the rollout chose (the replicas return
+            # them: the agent loop asks a MoE model for its routing by default).
+            "router_replay": "r3" if recipe.preset in MOE_PRESETS else "off",
             **recipe.trainer_settings(),
         },
     }
@@ -248,7 +258,10 @@ def run_demo(
         console.print(f"topics: {', '.join(created)}")
         sent = produce_prompts(cfg, out, recipe, prompts)
         console.print(f"produced {sent} prompts to {cfg.topics.name('prompts')}")
-        steps_done, launched = train_stages(cfg, run_dir, recipe, console, started, backend=backend)
+        deadline = MOE_DEADLINE_S if recipe.preset in MOE_PRESETS else DEADLINE_S
+        steps_done, launched = train_stages(
+            cfg, run_dir, recipe, console, started, deadline_s=deadline, backend=backend
+        )
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if worker is not None and worker.is_alive():
@@ -401,11 +414,17 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.demo")
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    parser.add_argument(
+        "--preset",
+        choices=["tiny", "moe"],
+        default="tiny",
+        help="The policy: tiny (dense Qwen2) or moe (Qwen3-MoE, trained with router_replay=r3).",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)  # retries on fresh topics are routine
     try:
-        run_demo(load_config(), backend=args.backend)
+        run_demo(load_config(), backend=args.backend, recipe=DemoRecipe.for_preset(args.preset))
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130

@@ -21,7 +21,8 @@ class ScriptedReplica:
     """A real HTTP server speaking the replica contract whose answers are scripted.
 
     `script(prompt_text) -> answer_text`; the answer is tokenized with the real tokenizer and
-    cut after the first stop token, as a real engine would. Every token's logprob is -0.5.
+    cut after the first stop token (the request's, or the tokenizer's eos), as a real engine
+    would. Every token's logprob is -0.5.
     """
 
     def __init__(self, tokenizer: Any, script: Callable[[str], str], version: int = 0) -> None:
@@ -58,9 +59,7 @@ class ScriptedReplica:
         self.requests.append(body)
         text = self.tokenizer.decode(body["prompt"], skip_special_tokens=False)
         answer = self.tokenizer.encode(self.script(text), add_special_tokens=False)
-        stops = set(body.get("stop_token_ids") or []) | {
-            self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        }
+        stops = set(body.get("stop_token_ids") or []) | {self.tokenizer.eos_token_id}
         out, finish, stop_reason = [], "length", None
         for tok in answer[: body.get("max_tokens", 16)]:
             out.append(tok)

@@ -1,5 +1,6 @@
 """The whole loop on the real broker, every stage its own process, CPU only:
-prompts → agent-loop worker → reward worker → replay stage → trainer → weights → replicas."""
+prompts → agent-loop worker → reward worker → replay stage → trainer → weights → replicas,
+the weights by checkpoint (`disk`) and over the trainer's process group (`broadcast`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ BATCH = 2  # groups per trainer step
 
 
 def pipeline_config(
-    kafka_bootstrap: str, topics_prefix: str, model: Path, run_dir: Path, max_staleness: int
+    kafka_bootstrap: str,
+    topics_prefix: str,
+    model: Path,
+    run_dir: Path,
+    max_staleness: int,
+    weight_transfer: str = "disk",
 ):
     return load_config(
         None,
@@ -37,7 +43,8 @@ def pipeline_config(
                 "max_samples_in_flight": 8,
                 "commit_interval_s": 0.5,
                 "sampling": {"max_tokens": 8, "temperature": 1.0},
-                "llm": {"health_interval_s": 1.0},
+                # broadcast: replicas serve once the trainer (which starts last) sent weights
+                "llm": {"health_interval_s": 1.0, "no_replica_wait_s": 180.0},
             },
             "reward": {
                 "group_id": f"{topics_prefix}reward",
@@ -61,6 +68,7 @@ def pipeline_config(
                 "max_staleness": max_staleness,  # the gate's and the replay stage's too
                 "torch_threads": 1,
                 "lr": 1e-3,
+                "weight_transfer": weight_transfer,
             },
         },
     )
@@ -71,12 +79,19 @@ def health(url: str) -> dict:
         return json.loads(resp.read())
 
 
+@pytest.mark.parametrize("weight_transfer", ["disk", "broadcast"])
 @pytest.mark.parametrize("max_staleness", [0, 1, 2])
 def test_the_loop_trains_and_weights_flow_back(
-    kafka_config, kafka_bootstrap, topics_config, tiny_model, tmp_path, max_staleness
+    kafka_config,
+    kafka_bootstrap,
+    topics_config,
+    tiny_model,
+    tmp_path,
+    max_staleness,
+    weight_transfer,
 ) -> None:
     cfg = pipeline_config(
-        kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, max_staleness
+        kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, max_staleness, weight_transfer
     )
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(

@@ -63,9 +63,8 @@ class AgentLoopConfig(BaseModel):
             "tool_timeout_s": 60.0,
             "max_tool_response_length": 256,
             "tool_response_truncate_side": "middle",
-            "tool_parser": "hermes",
         },
-        description="Options passed to the loops (tool_agent's turn limits, parser, …).",
+        description="Options passed to the loops (tool_agent's turn limits, …).",
     )
 
 
@@ -76,6 +75,17 @@ class AgentLoopWorkerConfig(BaseModel):
 
     group_id: str = Field(default="agent-loop", description="Consumer group on the prompts topic.")
     model: str = Field(default="", description="Model directory (tokenizer and chat template).")
+    tool_parser: str | None = Field(
+        default=None,
+        description="Tool-call parser: hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, "
+        "a parser registered with register_parser, or 'package.module:Class'; None: the one "
+        "the model's chat template is written for (hermes if none is recognised).",
+    )
+    chat_template_kwargs: dict[str, object] = Field(
+        default_factory=dict,
+        description="Extra variables for every rendering of the chat template "
+        "(e.g. {enable_thinking: false} for Qwen3).",
+    )
     n: int = Field(
         default=4, ge=1, le=1024, description="Samples per prompt unless the prompt says."
     )
@@ -92,6 +102,19 @@ class AgentLoopWorkerConfig(BaseModel):
     llm: LLMClientConfig = Field(default_factory=LLMClientConfig)
     loops: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+
+    @model_validator(mode="after")
+    def _parser_option(self) -> AgentLoopWorkerConfig:
+        """`loops.options.tool_parser`, where the parser was chosen before, still chooses it."""
+        old = self.loops.options.pop("tool_parser", None)
+        if old is not None and self.tool_parser is not None and str(old) != self.tool_parser:
+            raise ValueError(
+                f"loops.options.tool_parser ({old}) and tool_parser ({self.tool_parser}) "
+                "differ: set tool_parser only"
+            )
+        if old is not None:
+            self.tool_parser = str(old)
+        return self
 
     @model_validator(mode="after")
     def _budget(self) -> AgentLoopWorkerConfig:

@@ -21,7 +21,8 @@ Delivery (at-least-once, de-duplicated downstream):
 - SIGTERM: stop fetching, let in-flight prompts finish within the grace period, cancel the
   rest, commit, close.
 - A prompt that cannot be processed (not a PromptEvent, unknown agent, prompt too long,
-  tool config error, a replica's 4xx) goes to the dead-letter topic with its reason.
+  tool config error, a replica's 4xx) goes to the dead-letter topic with its reason. A tool
+  parser that cannot be found (`tool_parser`) is no prompt's fault: the worker fails at start.
 - A prompt that fails for reasons not its own (replicas unreachable past every retry, the
   broker refusing its turns) is never dead-lettered: it stays unfinished, the worker stops
   (`rollout worker agent-loop` exits 75) and the prompt is redelivered after a restart.
@@ -48,6 +49,7 @@ from schemas.events import PromptEvent, TurnEvent
 from schemas.stale import staleness
 from workers.agent_loop.admission import AdmissionGate
 from workers.agent_loop.base import AgentContext, TurnRecord
+from workers.agent_loop.chat_format import ChatFormat
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.follow import (
@@ -106,6 +108,7 @@ class AgentLoopWorker:
         self.llm = llm
         self.tokenizer = tokenizer
         self.tools = tools
+        self.chat: ChatFormat | None = None
         self.tracker = OffsetTracker()
         self.gate = AdmissionGate(
             config.admission.max_staleness, config.admission.train_batch_size, synced=False
@@ -151,6 +154,11 @@ class AgentLoopWorker:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        # A tool parser that cannot be found stops the worker here, in one line, rather than
+        # dead-lettering every prompt that would use it.
+        self.chat = ChatFormat.load(
+            self.tokenizer, tool_parser=cfg.tool_parser, template_kwargs=cfg.chat_template_kwargs
+        )
         if self.tools is None:
             self.tools = {}
             if cfg.loops.tool_config:
@@ -375,6 +383,7 @@ class AgentLoopWorker:
             max_prompt_length=cfg.loops.max_prompt_length,
             max_response_length=cfg.loops.max_response_length,
             options=dict(cfg.loops.options),
+            chat=self.chat,
         )
         output = await loop_cls(context).run(
             cfg.sampling,

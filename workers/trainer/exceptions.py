@@ -5,7 +5,9 @@ RolloutError
     ├── ConsumerClosedError     a TrajectoryConsumer used after close()
     ├── CheckpointError         a checkpoint cannot be read or is inconsistent
     ├── DeviceError             the configured training device is not there
-    └── PublishError            the broker did not acknowledge a PolicyVersion / stale group
+    ├── PublishError            the broker did not acknowledge a PolicyVersion / stale group
+    └── RouterReplayError       routing replay does not fit the model (dense, another router
+                                kind, routing recorded by a model of another shape)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ __all__ = [
     "ConsumerClosedError",
     "DeviceError",
     "PublishError",
+    "RouterReplayError",
     "TrainerError",
 ]
 
@@ -39,3 +42,7 @@ class DeviceError(TrainerError):
 
 class PublishError(TrainerError):
     """An output of the trainer was not acknowledged by the broker."""
+
+
+class RouterReplayError(TrainerError):
+    """`trainer.router_replay` or a batch's recorded routing does not fit the trained model."""

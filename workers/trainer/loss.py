@@ -46,7 +46,10 @@ Metrics (floats, over m_t = 1): `pg_clipfrac` (verl's: fraction where the clippe
 the larger), `pg_clipfrac_lower` (share where the dual clip acts), `ppo_kl` =
 mean(log π_prox − log π_θ) (verl's approx-KL of the update), `is_weight_mean/min/max` of the
 applied w, `is_weight_raw_max` before the cap, `is_truncated_frac`, `behav_kl` =
-mean(log π_behav − log π_prox), `entropy`, `kl_ref` (the estimator's mean), `tokens`.
+mean(log π_behav − log π_prox), `entropy`, `kl_ref` (the estimator's mean), `tokens`; for a
+MoE batch with recorded routing, `summarize` adds `router_mismatch_rate` (and
+`router_live_mismatch_rate` under replay) from the parts' `router_*` counts
+(`workers.trainer.router_replay`).
 """
 
 from __future__ import annotations
@@ -274,4 +277,22 @@ def summarize(parts: list[dict[str, float]]) -> dict[str, float]:
     out["is_weight_min"] = min((p["is_weight_min"] for p in finite), default=float("nan"))
     out["is_weight_max"] = max((p["is_weight_max"] for p in finite), default=float("nan"))
     out["is_weight_raw_max"] = max((p["is_weight_raw_max"] for p in finite), default=float("nan"))
+    out.update(_routing_rates(parts))
+    return out
+
+
+def _routing_rates(parts: list[dict[str, float]]) -> dict[str, float]:
+    """`router_mismatch_rate` (and, under replay, `router_live_mismatch_rate`) over the
+    recorded response (token, layer) rows of MoE batches (`workers.trainer.router_replay`);
+    nothing for a dense model or a batch without recorded routing."""
+    rows = sum(p.get("router_rows", 0.0) for p in parts)
+    if not rows:
+        return {}
+    out = {
+        "router_rows": rows,
+        "router_mismatch_rate": sum(p.get("router_mismatch_sum", 0.0) for p in parts) / rows,
+    }
+    if any("router_live_mismatch_sum" in p for p in parts):
+        live = sum(p.get("router_live_mismatch_sum", 0.0) for p in parts)
+        out["router_live_mismatch_rate"] = live / rows
     return out

@@ -11,6 +11,12 @@ The proximal policy of the PPO ratio is the policy before the step: with one upd
 the current one (`log_prob.detach()`, no extra forward, the clip never acts); with several,
 its logprobs are computed once before the first update, so later updates see the ratio move
 and the clip bound it (decoupled PPO: behaviour → proximal → current).
+
+A batch of a Mixture-of-Experts policy may carry the rollout's routing
+(`batch.routed_experts`, `workers.trainer.router_replay`): every forward of the step (with
+grad, proximal, reference) runs under `RouterReplay`, which replays it with
+`router_replay='r3'` and only observes it with `off`; the micro-batches' metrics count the
+recorded response rows and those where the experts used differ (`router_mismatch_rate`).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import DeviceError
 from workers.trainer.loss import entropy_from_logits, policy_loss, summarize
+from workers.trainer.router_replay import RouterReplay, batch_routing
 
-__all__ = ["resolve_device", "response_log_probs", "train_step"]
+__all__ = ["resolve_device", "response_log_probs", "response_positions", "routing", "train_step"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,13 +92,27 @@ def mini_batches(batch: TrajectoryBatch, count: int) -> list[TrajectoryBatch]:
     return [batch.select(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
 
+def routing(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> RouterReplay:
+    """The routing context of one forward of `model` on `batch` (inert without routing)."""
+    return RouterReplay(model, batch_routing(batch), replay=config.router_replay == "r3")
+
+
+def response_positions(batch: TrajectoryBatch) -> torch.Tensor:
+    """(B, P+R) bool: the columns of `input_ids` that hold a trained response token."""
+    positions = torch.zeros(
+        batch["input_ids"].shape, dtype=torch.bool, device=batch["input_ids"].device
+    )
+    positions[:, batch.prompt_length :] = batch["response_mask"] > 0
+    return positions
+
+
 def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> torch.Tensor:
     """Response logprobs without a gradient, micro-batch by micro-batch, as one [B, R]."""
+    parts = []
     with torch.no_grad():
-        parts = [
-            response_log_probs(model, mb, precision=config.precision)[0]
-            for mb in batch.split(config.micro_batch_size)
-        ]
+        for mb in batch.split(config.micro_batch_size):
+            with routing(model, mb, config):
+                parts.append(response_log_probs(model, mb, precision=config.precision)[0])
     return torch.cat(parts, dim=0)
 
 
@@ -131,11 +152,12 @@ def micro_loss(
 
     The proximal policy is the one before the step where `micro["prox_logprobs"]` holds its
     logprobs (several updates per step), else the current one (`log_prob.detach()`)."""
-    logp, entropy = response_log_probs(
-        model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
-    )
+    with routing(model, micro, config) as routed:
+        logp, entropy = response_log_probs(
+            model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
+        )
     prox = micro.tensors.get("prox_logprobs")
-    return policy_loss(
+    out = policy_loss(
         logp,
         prox if prox is not None else logp.detach(),
         micro["old_logprobs"],
@@ -146,6 +168,8 @@ def micro_loss(
         **config.model_dump(include=_LOSS_SETTINGS),
         **dataclasses.asdict(counts),
     )
+    out.metrics.update(routed.counts(response_positions(micro)))
+    return out
 
 
 def _update(

@@ -3,8 +3,10 @@
 Records (`event` field):
 - `start`: a trainer process began at `version` (0, or the checkpoint it resumed from);
 - `step`: one optimiser step, `step` = the version it produced, with the metrics (among
-  them `reward_mean`, the mean score of the samples trained) and the `trajectory_ids` /
-  `uids` it trained on;
+  them `reward_mean`, the mean score of the samples trained; for a Mixture-of-Experts policy
+  whose samples carry their routing, `router_mismatch_rate` and `router_rows`, and with
+  `router_replay=r3` `router_live_mismatch_rate`: `workers.trainer.router_replay`) and the
+  `trajectory_ids` / `uids` it trained on;
 - `checkpoint`: `version` was checkpointed at `path` and published.
 
 Reading back (`effective_steps`): a step is reflected in the final weights only if no later

@@ -8,7 +8,8 @@ RolloutError                        (schemas.errors)
     ├── ReplicaStartError           the engine process did not start (its root cause said)
     ├── InvalidRequestError         a request the replica will not serve (→ HTTP 400)
     ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
-    │                               the live weights and version are left unchanged
+    │   │                           the live weights and version are left unchanged
+    │   └── WeightTransferError     broadcast weights that did not arrive (→ HTTP 400)
     └── EngineClosedError           the engine was shut down (→ HTTP 503)
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "InvalidRequestError",
     "ReplicaStartError",
     "WeightLoadError",
+    "WeightTransferError",
 ]
 
 
@@ -53,6 +55,13 @@ class InvalidRequestError(BackendError):
 
 class WeightLoadError(BackendError):
     """A checkpoint that does not fit the served model (missing, unexpected or misshaped)."""
+
+
+class WeightTransferError(WeightLoadError):
+    """Weights granted by the trainer did not arrive (it stopped answering, or dropped this
+    replica after its timeout); the live weights and version are unchanged."""
+
+    type = "weight_transfer_failed"
 
 
 class EngineClosedError(BackendError):

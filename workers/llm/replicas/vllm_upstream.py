@@ -11,8 +11,9 @@ the adapter can fall back (older vLLM, or dev mode off). Endpoints used, all und
 Weight reload from disk goes through `collective_rpc` to the project's worker extension
 (`workers.llm.replicas.vllm_worker.WeightSync`, which the launcher always installs):
 `rollout_load_weights(weights_path=...)`, vLLM's in-place `reload_weights` plus the tied-head
-fix explained there. There is deliberately no fallback to a bare `reload_weights`: on a model
-with tied embeddings it would answer 200 and serve a head of the previous version.
+fix explained there; broadcast weights through `rollout_receive_weights(grant=...)`. There is
+deliberately no fallback to a bare `reload_weights`: on a model with tied embeddings it would
+answer 200 and serve a head of the previous version.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import aiohttp
 
 from workers.llm.replicas.vllm_mapping import VLLMUpstreamError
 
-__all__ = ["UPSTREAM_ERRORS", "WEIGHT_SYNC_METHOD", "VLLMUpstream"]
+__all__ = ["RECEIVE_METHOD", "UPSTREAM_ERRORS", "WEIGHT_SYNC_METHOD", "VLLMUpstream"]
 
 logger = logging.getLogger("rollout.replica.vllm")
 
 WEIGHT_SYNC_METHOD = "rollout_load_weights"  # WeightSync's method, called by name
+RECEIVE_METHOD = "rollout_receive_weights"  # its broadcast twin (`trainer.weight_transfer`)
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=30)
 INFO_TIMEOUT = aiohttp.ClientTimeout(total=120)
 SLOW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30)
@@ -146,18 +148,20 @@ class VLLMUpstream:
         Returns each worker's report (`WeightSync.rollout_load_weights`); raises
         `VLLMUpstreamError` when vLLM refuses or a worker did not report.
         """
+        return await self._rpc(WEIGHT_SYNC_METHOD, {"weights_path": path})
+
+    async def receive_weights(self, grant: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every worker receives the trainer's granted transfer and loads it (paused engine);
+        each worker's report, as `reload_weights`."""
+        return await self._rpc(RECEIVE_METHOD, {"grant": grant})
+
+    async def _rpc(self, method: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         status, body = await self.request(
-            "POST",
-            "/collective_rpc",
-            json={"method": WEIGHT_SYNC_METHOD, "kwargs": {"weights_path": path}},
+            "POST", "/collective_rpc", json={"method": method, "kwargs": kwargs}
         )
         if status != 200:
-            raise VLLMUpstreamError(
-                f"collective_rpc {WEIGHT_SYNC_METHOD} answered {status}: {body!r:.300}"
-            )
+            raise VLLMUpstreamError(f"collective_rpc {method} answered {status}: {body!r:.300}")
         results = body.get("results") if isinstance(body, dict) else None
         if not results or not all(isinstance(r, dict) for r in results):
-            raise VLLMUpstreamError(
-                f"collective_rpc {WEIGHT_SYNC_METHOD}: no reports: {body!r:.300}"
-            )
+            raise VLLMUpstreamError(f"collective_rpc {method}: no reports: {body!r:.300}")
         return list(results)

@@ -21,9 +21,18 @@ processed, and are right. So after the reload this extension processes again eve
 unquantized embedding-style layer whose weight is shared with another module (the tied
 head): on CPUs that repacks the new weight, on GPUs the method does nothing.
 
-Contract: `rollout_load_weights` returns `{"reprocessed": [module names], "parameters": n}`;
-any exception propagates to `/collective_rpc` as an HTTP error. This module imports only
-torch and vllm, and only inside the worker (never in the adapter or the trainer).
+Broadcast weights (`trainer.weight_transfer: broadcast`): `rollout_receive_weights(grant)`
+receives the trainer's transfer over the group its grant names (`workers.transfer.receive`,
+gloo; torch and the standard library only, as this module) and loads it through the same
+`reload_weights`, from an iterator of the received tensors instead of a path. The names are
+the trainer's state-dict names, which for the project's dense models are the checkpoint's;
+a Mixture-of-Experts model, whose transformers layout stacks the experts, is not converted.
+
+Contract: `rollout_load_weights` returns `{"reprocessed": [module names], "parameters": n}`,
+`rollout_receive_weights` the same plus `received` (tensors) and `rank`, or `error` when the
+transfer did not arrive (nothing loaded); any other exception propagates to `/collective_rpc`
+as an HTTP error. This module imports only torch, vllm and
+`workers.transfer`, and only inside the worker (never in the adapter or the trainer).
 """
 
 from __future__ import annotations
@@ -54,12 +63,40 @@ class WeightSync:
 
     def rollout_load_weights(self, weights_path: str) -> dict[str, Any]:
         """Load the checkpoint at `weights_path` in place, tied layers included."""
+        return self._rollout_reload(weights_path=weights_path)
+
+    def rollout_receive_weights(self, grant: dict[str, Any]) -> dict[str, Any]:
+        """Receive the trainer's granted transfer (`workers.transfer.receive`) over its group
+        and load it in place like a checkpoint; each worker takes its own rank of the group
+        (its index across data-parallel engines, as vLLM's NCCL weight transfer numbers them).
+        Everything is received before anything is loaded: a transfer that fails half-way
+        leaves the served weights whole."""
+        from workers.transfer.receive import receive
+
+        parallel = getattr(self, "parallel_config", None)
+        index = 0
+        if parallel is not None:
+            dp = int(getattr(parallel, "data_parallel_index", 0) or 0)
+            index = dp * int(parallel.world_size) + int(parallel.rank)
+        device = getattr(self, "device", "cpu") if grant.get("backend") == "nccl" else "cpu"
+        # Received into buffers kept for the next transfer (CPU ones only: a GPU's memory
+        # is vLLM's KV cache).
+        pool = None if device != "cpu" else self.__dict__.setdefault("_rollout_buffers", [])
+        try:
+            state = receive(grant, rank_offset=index, device=device, pool=pool)
+        except (ValueError, RuntimeError) as exc:  # nothing loaded: the adapter says why
+            return {"error": f"{type(exc).__name__}: {str(exc).strip()[-300:]}", "received": 0}
+        report = self._rollout_reload(weights_iterator=iter(state.items()))
+        return report | {"received": len(state), "rank": int(grant["rank"]) + index}
+
+    def _rollout_reload(self, **source: Any) -> dict[str, Any]:
+        """vLLM's in-place `reload_weights` from `source`, then the tied-layer fix."""
         import torch
         from vllm.model_executor.layers.vocab_parallel_embedding import (
             UnquantizedEmbeddingMethod,
         )
 
-        self.model_runner.reload_weights(weights_path=weights_path)
+        self.model_runner.reload_weights(**source)
         model = self.model_runner.get_model()
         reprocessed: list[str] = []
         with torch.no_grad():

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from schemas.events import PolicyVersion
+from schemas.events import PolicyVersion, WeightTransfer
 from workers.llm.replicas.sync import ReplicaSync
 
 
@@ -245,3 +245,81 @@ def test_a_replica_unhealthy_after_a_failed_load_is_retried(replica: FakeReplica
     assert sync.apply() and replica.version == 1
     replica.health = {"status": "unavailable", "version": 0, "reason": "starting"}
     assert sync.refresh() is None and not sync.due()  # starting: nothing to load into yet
+
+
+# ------------------------------------------------------------------ broadcast weights
+
+
+def announced(version: int, session: str, path: str = "") -> PolicyVersion:
+    transfer = WeightTransfer(address="127.0.0.1:1", session=session)
+    return PolicyVersion(version=version, path=path, transfer=transfer)
+
+
+def test_under_broadcast_a_restarted_trainer_wins_even_with_an_older_version() -> None:
+    sync = ReplicaSync("http://replica")
+    for event in (announced(3, "s1"), announced(5, "s1"), announced(4, "s1")):
+        sync.observe(event)
+    assert sync.newest is not None and sync.newest.version == 5
+    sync.observe(announced(2, "s2"))  # resumed from an older checkpoint: its version is the truth
+    assert (sync.newest.version, sync.newest.transfer.session) == (2, "s2")
+    sync.observe(announced(1, "s2"))
+    assert sync.newest.version == 2
+
+
+def test_refresh_reads_a_replica_awaiting_its_first_weights(replica: FakeReplica) -> None:
+    replica.health_status = 503
+    replica.health = {
+        "status": "unavailable",
+        "version": 0,
+        "reason": "awaiting weights",
+        "awaiting_weights": True,
+        "receivers": 2,
+    }
+    sync = ReplicaSync(replica.url, request_timeout_s=5)
+    assert sync.refresh() == 0 and sync.awaiting and sync.receivers == 2
+    replica.health_status, replica.health = 200, None
+    assert sync.refresh() == 0 and not sync.awaiting and sync.receivers == 2
+
+
+def test_the_controller_wants_posts_the_grant_and_wants_again(replica: FakeReplica) -> None:
+    """Against a real rendezvous store (the trainer's hub): an awaiting replica wants with
+    version -1, the grant goes to the replica as `{version, transfer}`, and the next want says
+    the version it now serves. (The fake replica receives nothing: the hub drops it.)"""
+    import threading
+
+    import torch
+
+    from workers.llm.replicas.sync import _broadcast_step
+    from workers.llm.replicas.weight_receiver import GrantClient
+    from workers.transfer.hub import TransferHub
+
+    hub = TransferHub(host="127.0.0.1", port=0, session="s", timeout_s=1.0, bucket_bytes=1024)
+    replica.health_status = 503
+    replica.health = {"status": "unavailable", "version": 0, "awaiting_weights": True}
+    sync = ReplicaSync(replica.url, request_timeout_s=5)
+    event = PolicyVersion(
+        version=3, path="/nowhere/step-3", transfer=WeightTransfer(address=hub.address, session="s")
+    )
+    sync.observe(event)
+    sync.refresh()
+    grants = GrantClient(sync.url)
+    try:
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        (want,) = hub.pending()
+        assert (want.replica, want.version, want.ranks) == (sync.url, -1, 1)
+        assert replica.posted == []  # the announced checkpoint is not readable here
+        sending = threading.Thread(
+            target=hub.send, args=([("w", torch.zeros(4))], 3, hub.pending())
+        )
+        sending.start()
+        replica.health_status, replica.health = 200, None
+        assert _broadcast_step(sync, grants, set(), wait_s=5.0)
+        sending.join()
+        (posted,) = replica.posted
+        assert posted["version"] == 3 and posted["transfer"]["version"] == 3
+        assert (sync.served, sync.awaiting, sync.applied) == (3, False, [3])
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert [w.version for w in hub.pending()] == [3]  # the next want: it serves 3
+    finally:
+        grants.close()
+        hub.close()

@@ -1,0 +1,64 @@
+"""`WeightTransferConfig`: how weights travel when `trainer.weight_transfer` is `broadcast`.
+
+The run's `weight_transfer:` section. The trainer reads all of it; replicas read none of it:
+what they need (address, group, timeout, backend) comes in the grant the trainer writes, so a
+replica never disagrees with the trainer's settings. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["WeightTransferConfig"]
+
+
+class WeightTransferConfig(BaseModel):
+    """The run's `weight_transfer` section: how weights travel when `trainer.weight_transfer`
+    is `broadcast`. The trainer reads it; a replica gets what it needs in each grant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="Address of the trainer that every replica reaches: its rendezvous store "
+        "and its end of each transfer's group listen there. Announced on the policy topic. "
+        "Across machines, this machine's address on the network the replicas share.",
+    )
+    port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of the rendezvous store; 0: a free one (it is announced).",
+    )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="How long the trainer waits for one replica's group to form, a bucket to "
+        "go out or its receipt; a replica that misses it is dropped from that transfer (it "
+        "gets the next one) and the trainer goes on with the others.",
+    )
+    bucket_mb: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="Tensors travel packed into flat buckets of this many MiB, one broadcast "
+        "each; a tensor of a sixteenth of that or more travels alone, straight from the "
+        "trainer's memory. With gloo the trainer keeps the packed buffers for the next "
+        "transfer (the size of its small tensors, at most).",
+    )
+    checkpoint_every: int = Field(
+        default=10,
+        ge=1,
+        le=1_000_000,
+        description="A checkpoint (for resuming; replicas do not read it) every this many "
+        "published versions, and always at a clean stop; 1: every version.",
+    )
+    backend: Literal["gloo", "nccl"] = Field(
+        default="gloo",
+        description="gloo (CPU tensors; any replica) or nccl (GPU trainer and GPU receivers "
+        "only; the hf replica refuses it).",
+    )
