@@ -251,3 +251,25 @@ def test_hooks_are_removed_also_when_the_forward_fails() -> None:
         with RouterReplay(a, misaligned, replay=True):
             a(input_ids=torch.tensor([[1, 2, 3]]))
     assert all(not gate._forward_hooks for gate in routers(a))
+
+
+def test_the_trainer_refuses_r3_on_a_dense_model_at_start(tmp_path: Any) -> None:
+    """Before anything is consumed: `Trainer._load` (the model, no broker) raises the one-line
+    `RouterReplayError`; with `off` the same model loads."""
+    from workers.kafka.config import KafkaConfig, TopicsConfig
+    from workers.llm.model_init import init_model
+    from workers.trainer.config import TrainerConfig
+    from workers.trainer.trainer import Trainer
+
+    model = init_model(tmp_path / "tiny", preset="tiny", seed=0)
+    for mode in ("off", "r3"):
+        config = TrainerConfig(
+            model_dir=str(model), checkpoint_dir=str(tmp_path / mode), router_replay=mode
+        )
+        trainer = Trainer(KafkaConfig(), TopicsConfig(), config)
+        if mode == "off":
+            trainer._load()
+            continue
+        with pytest.raises(RouterReplayError, match="no MoE layers") as exc:
+            trainer._load()
+        assert "\n" not in str(exc.value)
