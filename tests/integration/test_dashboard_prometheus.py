@@ -10,7 +10,8 @@ ports. Then:
 2. every query of every panel, variables filled in as Grafana fills them, returns at least
    one series with a finite value through `/api/v1/query` (polled until it does: rates and
    quantiles need samples inside their window) — except the panels in `EMPTY_WHEN_CLEAN`,
-   which must be empty in a clean run, and which a poison record then fills;
+   which must be empty in a clean run, and which a poison record then fills, and those in
+   `NOT_IN_THIS_RUN` (a feature the run does not use), which must stay empty;
 3. once the run is quiet (every prompt answered and trained on, nothing counted for a few
    scrapes), `rollout status` and Prometheus read just before it and one scrape interval
    after it agree exactly: records produced per topic = its end offset, consumed per stage
@@ -62,6 +63,12 @@ PROMPTS, N, BATCH = 40, 2, 2
 EMPTY_WHEN_CLEAN = {
     "Dead letters (since each process started)": "a clean run dead-letters nothing",
 }
+#: Panels of a feature this run does not use: empty here, and read where the feature runs.
+NOT_IN_THIS_RUN = {
+    "LLM judge verdicts (since each process started)": (
+        "no reward.judge here; tests/integration/test_judge.py reads the counter from /metrics"
+    ),
+}
 #: Panels that must show more than 0 at some point while records flow (0 throughout would
 #: be a query that reads nothing, e.g. rate() over a series that never moves). Not here, and
 #: 0 in this run for a true reason: loss and reward (the untrained tiny model answers nothing
@@ -97,7 +104,7 @@ def test_every_panel_shows_data_from_a_live_run(
         in_flight=8,
     )
     queries = dashboard_queries(SCRAPE_S, INTERVAL_S)
-    assert set(EMPTY_WHEN_CLEAN) | POSITIVE <= {q.panel for q in queries}
+    assert set(EMPTY_WHEN_CLEAN) | set(NOT_IN_THIS_RUN) | POSITIVE <= {q.panel for q in queries}
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(PROMPTS, seed=3), uid_prefix="prom")
     with LocalPipeline(cfg, tmp_path / "run", model_dir=str(tiny_model), metrics=True) as pipe:
@@ -109,11 +116,12 @@ def test_every_panel_shows_data_from_a_live_run(
         try:
             prom.wait_ready()
             _wait_all_up(prom, pipe, set(pipe.metrics_ports) | set(replicas))
-            clean = [q for q in queries if q.panel not in EMPTY_WHEN_CLEAN]
+            unused = {**EMPTY_WHEN_CLEAN, **NOT_IN_THIS_RUN}
+            clean = [q for q in queries if q.panel not in unused]
             seen = _wait_panels(prom, pipe, clean)
             for q in queries:
-                if q.panel in EMPTY_WHEN_CLEAN:  # the clean run is clean
-                    assert prom.query(q.expr) == [], (q.panel, EMPTY_WHEN_CLEAN[q.panel])
+                if q.panel in unused:  # the clean run is clean; unused features count nothing
+                    assert prom.query(q.expr) == [], (q.panel, unused[q.panel])
             _status_agrees(prom, pipe, kafka_config, cfg.topics)
             _poison(kafka_config, cfg.topics)
             seen |= _wait_panels(prom, pipe, [q for q in queries if q.panel in EMPTY_WHEN_CLEAN])
@@ -121,6 +129,8 @@ def test_every_panel_shows_data_from_a_live_run(
             prom.stop()
     print("\npanel [legend]: value {labels}")
     for q in queries:
+        if q.panel in NOT_IN_THIS_RUN:
+            continue
         labels, value = seen[(q.panel, q.legend)]
         print(f"  {q.panel} [{q.legend}]: {value:.4g} {labels}")
 
