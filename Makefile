@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 LOAD_MINUTES ?= 10
 
-.PHONY: install test test-unit test-vllm lint demo chaos load learn clean kafka-up kafka-down vllm sglang
+.PHONY: install test test-long test-unit test-vllm lint demo chaos load learn clean kafka-up kafka-down vllm sglang
 
 install: $(STAMP)
 
@@ -25,6 +25,12 @@ $(STAMP): pyproject.toml
 # unless ROLLOUT_TEST_BOOTSTRAP names an existing cluster.
 test: install
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# The end-to-end cases of each deployment mode (Ray, the lent trainer, the judge), broadcast
+# weight transfer and every chat-format family: minutes each, so out of `make test`'s 25
+# minutes; `.ci/run` runs them after it.
+test-long: install
+	$(PY) -m pytest -q --durations=10 -m long tests/integration $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

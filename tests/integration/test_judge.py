@@ -44,7 +44,7 @@ from workers.ports import free_port
 
 # The judge's warm start (a session fixture) lands in whichever test comes first: on two busy
 # cores that test has taken up to 280 s of the 300 s default, so these get a hang guard of 600.
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600)]
 
 N = 2  # samples per prompt
 JUDGED, UNSURE = 5, 2  # prompts with a reference answer, and with `?`

@@ -79,8 +79,16 @@ def health(url: str) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.mark.parametrize("weight_transfer", ["disk", "broadcast"])
-@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+#: Every staleness bound over the disk; broadcast once in `make test` (staleness 1), the other
+#: two in `make test-long` (the transfer is the same at every bound).
+CASES = [
+    *(pytest.param(s, "disk", id=f"{s}-disk") for s in (0, 1, 2)),
+    pytest.param(1, "broadcast", id="1-broadcast"),
+    *(pytest.param(s, "broadcast", id=f"{s}-broadcast", marks=pytest.mark.long) for s in (0, 2)),
+]
+
+
+@pytest.mark.parametrize(("max_staleness", "weight_transfer"), CASES)
 def test_the_loop_trains_and_weights_flow_back(
     kafka_config,
     kafka_bootstrap,

@@ -23,7 +23,7 @@ from tests.conftest import run_cli
 from tests.integration.test_pipeline_e2e import BATCH, STEPS, pipeline_config
 from tests.integration.trainer_helpers import policy_versions, read_all
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 NAMESPACE = "rollout-pipeline"
 REPLICAS = 2

@@ -21,7 +21,7 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.checkpoint import load_latest
 from workers.trainer.steplog import effective_trajectory_ids
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 
 def test_two_rank_actors_train_every_group_once_and_publish_versions(

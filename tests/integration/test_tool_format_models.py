@@ -48,7 +48,7 @@ from workers.llm.contract import SamplingParams
 from workers.llm.model_init import template_family
 from workers.llm.templates import FAMILY_NAMES
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 PROMPTS = 16
 

@@ -21,7 +21,7 @@ from schemas.codec import decode
 from schemas.events import ScoredTrajectory, TrainingGroup
 from tests.integration.trainer_helpers import read_all
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 STEPS = 4
 BATCH = 2

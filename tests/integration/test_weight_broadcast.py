@@ -42,7 +42,7 @@ from tests.integration.trainer_helpers import behaviour_logprobs, make_groups, p
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.model_init import init_model
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 PROMPT = [1, *range(40, 72)]
 TOLERANCE = 1e-5  # the hf replica computes in fp32 like the reference (measured ~5e-7)
