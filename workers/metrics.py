@@ -35,8 +35,16 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from schemas.errors import RolloutError
 
@@ -48,6 +56,7 @@ __all__ = [
     "Stage",
     "StageMetrics",
     "TrainerMetrics",
+    "render_replica_metrics",
     "replica_families",
 ]
 
@@ -324,3 +333,33 @@ def replica_families(
             family(g, "rollout_replica_capacity", "Requests the replica runs at once.", capacity)
         )
     return families
+
+
+class _Snapshot(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def render_replica_metrics(
+    counters: ReplicaCounters,
+    *,
+    replica_id: str,
+    policy_version: int,
+    load: int | None = None,
+    capacity: int | None = None,
+) -> bytes:
+    """`replica_families` as Prometheus text for one scrape, for a backend that serves
+    `/metrics` from counters it reads off its engine (the vllm and sglang adapters)."""
+    families = replica_families(
+        replica_id,
+        counters,
+        policy_version=float(policy_version),
+        load=None if load is None else float(load),
+        capacity=None if capacity is None else float(capacity),
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families))
+    return generate_latest(registry)

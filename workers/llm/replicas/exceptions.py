@@ -10,7 +10,9 @@ RolloutError                        (schemas.errors)
     ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
     │   │                           the live weights and version are left unchanged
     │   └── WeightTransferError     broadcast weights that did not arrive (→ HTTP 400)
-    └── EngineClosedError           the engine was shut down (→ HTTP 503)
+    ├── EngineClosedError           the engine was shut down (→ HTTP 503)
+    └── UpstreamError               the server behind an adapter (vLLM, SGLang) failed a call
+                                    or answered outside the contract (→ HTTP 5xx)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "EngineClosedError",
     "InvalidRequestError",
     "ReplicaStartError",
+    "UpstreamError",
     "WeightLoadError",
     "WeightTransferError",
 ]
@@ -66,3 +69,8 @@ class WeightTransferError(WeightLoadError):
 
 class EngineClosedError(BackendError):
     """The engine is closed; no new requests are accepted."""
+
+
+class UpstreamError(BackendError):
+    """The server behind a contract adapter failed a call, or answered outside what the
+    backend relies on (→ HTTP 5xx)."""

@@ -8,42 +8,30 @@ Started by `rollout replica serve --backend sglang --model DIR --port P [--tp N 
 cannot run on the development machines' CPUs (README "SGLang" has the failure), and
 infra/gpu_check.sh (`BACKEND=sglang`) runs the contract tests against it on a GPU.
 
-Process model (the vllm backend's): this process runs the aiohttp adapter (`SGLangAdapter`) on
-`--port` at once, so health checks see 503 "starting" instead of a refused connection, then
-starts SGLang as a child in its own process group on a loopback port and waits for it to
-become healthy. It stops on SIGTERM/SIGINT (terminating that group: SIGTERM, then SIGKILL after
-30 s) or when SGLang exits (with SGLang's status). Killed outright, it cannot stop SGLang
-itself, so on Linux the child asks for SIGTERM when its parent dies (PR_SET_PDEATHSIG).
-SGLang's output goes to a log file (`$TMPDIR/rollout-sglang-<replica>.log` unless
-`log_file`); a start that fails raises `ReplicaStartError` with the one line that says why
-(`start_failure`), not the traceback.
+Process model (`workers.llm.replicas.child_server`, as the vllm backend): this process runs
+the aiohttp adapter (`SGLangAdapter`) on `--port` at once, then SGLang as a child in its own
+process group on a loopback port; no SGLang server outlives its adapter. SGLang's output goes to
+`$TMPDIR/rollout-sglang-<replica>.log` unless `log_file`; a start that fails raises
+`ReplicaStartError` with the one line that says why (`start_failure`), not the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
 import re
-import signal
 import sys
-import tempfile
-from collections import deque
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from workers.llm.replicas.exceptions import BackendUnavailableError, ReplicaStartError
+from workers.llm.replicas.child_server import run_behind_adapter
+from workers.llm.replicas.exceptions import BackendUnavailableError
 from workers.llm.replicas.sglang_adapter import SGLangAdapter
 from workers.llm.replicas.sglang_config import (
     SGLangReplicaConfig,
     build_sglang_command,
     check_sglang_python,
 )
-from workers.llm.replicas.vllm_output import relay, root_cause
+from workers.llm.replicas.vllm_output import root_cause
 from workers.ports import free_port
 
 __all__ = [
@@ -57,10 +45,6 @@ __all__ = [
 ]
 
 BACKEND = "sglang"
-logger = logging.getLogger("rollout.replica.sglang")
-_KILL_GRACE_S = 30.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_TAIL_LINES = 400
 _BARE_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception):\s*$")
 
 
@@ -108,34 +92,6 @@ def serve(
     return asyncio.run(serve_async(config))
 
 
-def _dies_with(parent: int) -> Any:
-    """A preexec_fn: in the child, SIGTERM when `parent` dies (Linux; elsewhere a no-op)."""
-
-    def arm() -> None:
-        if not sys.platform.startswith("linux"):
-            return
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:  # the parent died before the request was armed
-            os._exit(1)
-
-    return arm
-
-
-async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    """Stop the SGLang child and the processes it spawned (its own process group)."""
-    for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 10.0)):
-        if proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=wait_s)
-        except TimeoutError:
-            logger.warning("SGLang (pid %d) did not exit after %s", proc.pid, sig.name)
-
-
 async def serve_async(config: SGLangReplicaConfig) -> int:
     """Run one replica until SIGTERM/SIGINT or until SGLang exits; returns the exit status."""
     python = check_sglang_python(config.python)
@@ -154,61 +110,13 @@ async def serve_async(config: SGLangReplicaConfig) -> int:
         initial_version=config.initial_version,
         drain_timeout_s=config.drain_timeout_s,
     )
-    runner = web.AppRunner(adapter.app(), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
-    cmd = build_sglang_command(config, internal_port=internal_port, python=python)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in adapter.replica_id)
-    log_path = Path(
-        config.log_file or os.path.join(tempfile.gettempdir(), f"rollout-sglang-{safe}.log")
+    return await run_behind_adapter(
+        adapter,
+        host=config.host,
+        port=config.port,
+        cmd=build_sglang_command(config, internal_port=internal_port, python=python),
+        env=None,
+        log_file=config.log_file,
+        startup_timeout_s=config.startup_timeout_s,
+        start_failure=start_failure,
     )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"rollout: SGLang's output goes to {log_path}", file=sys.stderr)
-    logger.info(
-        "replica %s: starting SGLang on port %d: %s", adapter.replica_id, internal_port, cmd
-    )
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        start_new_session=True,
-        preexec_fn=_dies_with(os.getpid()),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    tail: deque[str] = deque(maxlen=_TAIL_LINES)
-    log_file = log_path.open("ab")
-    echo = sys.stderr.buffer if logger.isEnabledFor(logging.INFO) else None  # rollout -v
-    assert proc.stdout is not None
-    relaying = asyncio.create_task(relay(proc.stdout, log_file, tail, echo))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    ready = asyncio.create_task(
-        adapter.wait_until_ready(lambda: proc.returncode is None, config.startup_timeout_s)
-    )
-    stopped = asyncio.create_task(stop.wait())
-    exited = asyncio.create_task(proc.wait())
-    try:
-        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if stopped.done():
-            return 0
-        if not ready.result():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(relaying), 5.0)  # the last lines
-            why = start_failure(tail) or f"exit status {proc.returncode}"
-            raise ReplicaStartError(f"SGLang did not start: {why} (its whole output: {log_path})")
-        logger.info("replica %s ready: version=%d", adapter.replica_id, adapter.version)
-        await asyncio.wait([stopped, exited], return_when=asyncio.FIRST_COMPLETED)
-        if stopped.done():
-            return 0
-        logger.error("SGLang exited with status %s", proc.returncode)
-        return proc.returncode or 1
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        for task in (ready, stopped, exited):
-            task.cancel()
-        await _terminate(proc)
-        relaying.cancel()
-        log_file.close()
-        await runner.cleanup()

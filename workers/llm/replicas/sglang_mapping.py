@@ -56,13 +56,12 @@ from workers.llm.contract import (
     CompletionResponse,
     FinishReason,
 )
-from workers.llm.replicas.exceptions import BackendError
+from workers.llm.replicas.exceptions import UpstreamError
 from workers.metrics import ReplicaCounters
 
 __all__ = [
     "SGLangUpstreamError",
     "capacity_from_server_info",
-    "dropped_response",
     "from_sglang_generate",
     "map_sglang_error",
     "parse_sglang_metrics",
@@ -84,7 +83,7 @@ _SGLANG_FAMILIES: dict[str, str] = {
 }
 
 
-class SGLangUpstreamError(BackendError):
+class SGLangUpstreamError(UpstreamError):
     """SGLang failed a call, or answered outside what this backend relies on (→ HTTP 5xx)."""
 
 
@@ -192,26 +191,6 @@ def from_sglang_generate(
             )
         ],
         usage=usage,
-        policy_version=policy_version,
-    )
-
-
-def dropped_response(
-    *, request_id: str, model: str, created: int, policy_version: int, want_logprobs: bool
-) -> CompletionResponse:
-    """An abort that reached SGLang only as a dropped connection: nothing came back."""
-    return CompletionResponse(
-        id=request_id,
-        created=created,
-        model=model,
-        choices=[
-            CompletionChoice(
-                token_ids=[],
-                logprobs={"token_logprobs": []} if want_logprobs else None,
-                finish_reason="abort",
-            )
-        ],
-        usage={"completion_tokens": 0},
         policy_version=policy_version,
     )
 

@@ -35,12 +35,17 @@ else is passed through verbatim.
 from __future__ import annotations
 
 import os
-import socket
-import sys
 from collections.abc import Mapping
-from pathlib import Path
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.llm.replicas.served_config import (
+    REPO_ROOT,
+    ServedReplicaConfig,
+    has_tokenizer,
+    resolve_python,
+)
 
 __all__ = [
     "MANAGED_FLAGS",
@@ -71,9 +76,7 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 )
 WORKER_EXTENSION = "workers.llm.replicas.vllm_worker.WeightSync"
 LOGPROBS_MODE = "processed_logprobs"
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VLLM_VENV = REPO_ROOT / ".venv-vllm"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class VLLMLaunchConfig(BaseModel):
@@ -89,106 +92,21 @@ class VLLMLaunchConfig(BaseModel):
     )
 
 
-class VLLMReplicaConfig(BaseModel):
+class VLLMReplicaConfig(ServedReplicaConfig):
     """One vLLM replica: the adapter's address and the vLLM server behind it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    managed_flags: ClassVar[frozenset[str]] = MANAGED_FLAGS
 
-    model: str = Field(description="Model directory (HF layout: config, safetensors, tokenizer).")
-    port: int = Field(ge=1, le=65535, description="Port of the contract adapter.")
-    host: str = Field(
-        default="127.0.0.1", description="Adapter interface; 0.0.0.0 to serve other machines."
-    )
-    replica_id: str | None = Field(
-        default=None, description="Label of this replica; defaults to '<hostname>:<port>'."
-    )
-    served_model_name: str | None = Field(
-        default=None, description="Model name vLLM serves; defaults to the directory name."
-    )
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel size.")
-    dp: int = Field(default=1, ge=1, description="Data-parallel size (engines behind one API).")
-    pp: int = Field(default=1, ge=1, description="Pipeline-parallel size.")
-    seed: int = Field(default=0, ge=0, description="vLLM's global seed.")
-    max_model_len: int | None = Field(default=None, ge=16, description="Context length cap.")
-    gpu_memory_utilization: float | None = Field(
-        default=None, gt=0.0, le=1.0, description="GPU memory share for vLLM (None: its default)."
-    )
-    enforce_eager: bool = Field(default=False, description="No CUDA graphs: faster start.")
-    dtype: str = Field(
-        default="float32",
-        description="vLLM --dtype: the trainer's precision by default (`rollout replica serve` "
-        "derives it), so the replica's logprobs are the ones the trainer recomputes.",
-    )
-    dtype_reason: str | None = Field(
-        default=None, description="Why this dtype, said in one line at start (None: not said)."
-    )
     max_logprobs: int = Field(default=1, ge=0, description="vLLM --max-logprobs.")
     return_routed_experts: bool = Field(
         default=False,
         description="Serve routed experts (a MoE model; vLLM's model runner V2: GPU builds).",
     )
-    skip_tokenizer_init: bool | None = Field(
-        default=None, description="None: skip when the model directory has no tokenizer."
-    )
-    internal_host: str = Field(default="127.0.0.1", description="vLLM's listening interface.")
-    internal_port: int | None = Field(
-        default=None, ge=1, le=65535, description="vLLM's port; None picks a free one."
-    )
-    initial_version: int = Field(default=0, ge=0, description="Policy version of `model`.")
-    await_weights: bool = Field(
-        default=False,
-        description="Serve nothing until a first weight load (the trainer broadcasts weights).",
-    )
-    startup_timeout_s: float = Field(
-        default=1200.0, gt=0, description="How long vLLM may take to become healthy."
-    )
-    drain_timeout_s: float = Field(
-        default=30.0, gt=0, description="How long pause waits for aborted requests to return."
-    )
-    python: str | None = Field(
-        default=None, description="Interpreter that runs vLLM (None: `resolve_vllm_python`)."
-    )
-    log_file: str | None = Field(
-        default=None,
-        description="Where vLLM's output goes (None: $TMPDIR/rollout-vllm-<replica id>.log).",
-    )
-    extra_args: tuple[str, ...] = Field(
-        default=(), description="Further `vllm serve` arguments, passed through verbatim."
-    )
-
-    @model_validator(mode="after")
-    def _no_managed_flags_in_extra(self) -> VLLMReplicaConfig:
-        for arg in self.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_FLAGS:
-                raise ValueError(f"{flag} is set by the replica launcher; use its own option")
-        return self
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.dp * self.pp
-
-    def resolved_served_name(self) -> str:
-        return self.served_model_name or Path(self.model).name or "model"
-
-    def resolved_replica_id(self) -> str:
-        return self.replica_id or f"{socket.gethostname()}:{self.port}"
-
-
-def has_tokenizer(model_dir: str | Path) -> bool:
-    """Whether `model_dir` holds tokenizer files (a hub id, not a directory, counts as yes)."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        return True
-    return any((path / name).is_file() for name in _TOKENIZER_FILES)
 
 
 def resolve_vllm_python(configured: str | None = None) -> str:
     """The interpreter to run vLLM with: `configured`, else .venv-vllm's, else this one."""
-    if configured:
-        return configured
-    default = DEFAULT_VLLM_VENV / "bin" / "python"
-    return str(default) if default.is_file() else sys.executable
+    return resolve_python(configured, DEFAULT_VLLM_VENV)
 
 
 def build_vllm_command(

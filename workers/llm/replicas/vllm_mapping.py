@@ -48,10 +48,7 @@ from typing import Any
 
 import numpy as np
 import pybase64
-from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from schemas.routing import RoutedExperts
 from workers.llm.contract import (
@@ -60,20 +57,18 @@ from workers.llm.contract import (
     CompletionResponse,
     FinishReason,
 )
-from workers.llm.replicas.exceptions import BackendError
-from workers.metrics import ReplicaCounters, replica_families
+from workers.llm.replicas.exceptions import UpstreamError
+from workers.metrics import ReplicaCounters
 
 __all__ = [
     "FINISH_REASONS",
     "VLLMMetrics",
     "VLLMUpstreamError",
-    "aborted_response",
     "capacity_from_server_info",
     "engine_request_id",
     "from_vllm_completion",
     "map_vllm_error",
     "parse_vllm_metrics",
-    "render_replica_metrics",
     "routed_experts_from_vllm",
     "to_vllm_completion",
 ]
@@ -85,7 +80,7 @@ _TOKEN_ID_PREFIX = "token_id:"
 _LOGPROB_FLOOR = -9999.0  # vLLM's own clamp for -inf
 
 
-class VLLMUpstreamError(BackendError):
+class VLLMUpstreamError(UpstreamError):
     """vLLM failed a call, or answered outside what this backend relies on (→ HTTP 5xx)."""
 
 
@@ -241,26 +236,6 @@ def from_vllm_completion(
     )
 
 
-def aborted_response(
-    *, request_id: str, model: str, created: int, policy_version: int, want_logprobs: bool
-) -> CompletionResponse:
-    """An abort that reached vLLM only as a dropped connection: nothing came back."""
-    return CompletionResponse(
-        id=request_id,
-        created=created,
-        model=model,
-        choices=[
-            CompletionChoice(
-                token_ids=[],
-                logprobs={"token_logprobs": []} if want_logprobs else None,
-                finish_reason="abort",
-            )
-        ],
-        usage={"completion_tokens": 0},
-        policy_version=policy_version,
-    )
-
-
 def map_vllm_error(status: int, body: Any) -> dict[str, dict[str, str]]:
     """vLLM's error body (either generation) in the contract's `{"error": {message, type}}`."""
     message, err_type = "", ""
@@ -303,14 +278,6 @@ def parse_vllm_metrics(text: str) -> VLLMMetrics:
     return VLLMMetrics(**fields)
 
 
-class _Snapshot(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families
-
-
 def capacity_from_server_info(info: Any) -> int | None:
     """Requests the server runs at once (`max_num_seqs` × data-parallel ranks), from its
     `/server_info` body; None when the body does not say."""
@@ -323,25 +290,3 @@ def capacity_from_server_info(info: Any) -> int | None:
     if not (isinstance(seqs, int) and isinstance(ranks, int)) or seqs < 1 or ranks < 1:
         return None
     return seqs * ranks
-
-
-def render_replica_metrics(
-    metrics: VLLMMetrics,
-    *,
-    replica_id: str,
-    policy_version: int,
-    load: int | None = None,
-    capacity: int | None = None,
-) -> bytes:
-    """The contract's `rollout_replica_*` Prometheus text for one scrape (`load`, `capacity`:
-    what the adapter reports to balancers; `workers.metrics.replica_families`)."""
-    families = replica_families(
-        replica_id,
-        metrics,
-        policy_version=float(policy_version),
-        load=None if load is None else float(load),
-        capacity=None if capacity is None else float(capacity),
-    )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(families))
-    return generate_latest(registry)

@@ -58,7 +58,7 @@ def test_sglang_is_refused_in_one_line_where_its_interpreter_lacks_the_package()
     )
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 1 and len(lines) == 1, refused.stderr
-    assert "replica backend 'sglang' unavailable" in lines[0] and "no sglang package" in lines[0]
+    assert "replica backend 'sglang' unavailable" in lines[0] and "no sglang module" in lines[0]
 
 
 @pytest.mark.parametrize("python", [sys.executable, "/nonexistent/bin/python"])

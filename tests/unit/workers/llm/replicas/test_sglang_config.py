@@ -62,7 +62,7 @@ def test_interpreter_is_the_configured_one_else_a_default() -> None:
 
 
 def test_gate_says_why_in_one_line() -> None:
-    with pytest.raises(BackendUnavailableError, match="has no sglang package") as no_pkg:
+    with pytest.raises(BackendUnavailableError, match="has no sglang module") as no_pkg:
         check_sglang_python(sys.executable)  # .venv has no sglang
     assert "\n" not in str(no_pkg.value)
     with pytest.raises(BackendUnavailableError, match="cannot run /nonexistent/python"):

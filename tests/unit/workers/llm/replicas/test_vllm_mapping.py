@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from tests import ROOT
 from workers.llm.contract import CompletionRequest
+from workers.llm.replicas.gated_adapter import dropped_response
 from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
     build_vllm_command,
@@ -33,15 +34,14 @@ from workers.llm.replicas.vllm_config import (
 from workers.llm.replicas.vllm_mapping import (
     VLLMMetrics,
     VLLMUpstreamError,
-    aborted_response,
     capacity_from_server_info,
     engine_request_id,
     from_vllm_completion,
     map_vllm_error,
     parse_vllm_metrics,
-    render_replica_metrics,
     to_vllm_completion,
 )
+from workers.metrics import render_replica_metrics
 
 
 def vllm_response(
@@ -218,7 +218,7 @@ def test_logprobs_dropped_when_not_requested() -> None:
 
 
 def test_aborted_response_without_tokens() -> None:
-    resp = aborted_response(
+    resp = dropped_response(
         request_id="r", model="m", created=1, policy_version=2, want_logprobs=True
     )
     choice = resp.choices[0]
