@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -106,7 +107,10 @@ class ReplicaTree:
         self.name = name
         self.backend, self.serve_args, self.env = backend, serve_args, env or {}
         self.dir = root / name
-        (self.dir / "tmp").mkdir(parents=True)
+        self.dir.mkdir(parents=True)
+        # Its own TMPDIR, short: vLLM binds ZeroMQ IPC sockets under it, and a socket path past
+        # 107 bytes (pytest's tmp_path is deep) stops vLLM from starting.
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
         self.model = self.dir / "model"
         shutil.copytree(model, self.model)
         self.config = self.dir / "run.yaml"
@@ -125,7 +129,7 @@ class ReplicaTree:
         self.sync: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, what: str, *argv: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO), "TMPDIR": str(self.dir / "tmp")}
+        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO), "TMPDIR": str(self.tmp)}
         with (self.dir / f"{what}.log").open("ab") as log:
             return subprocess.Popen(
                 [
@@ -226,6 +230,7 @@ class ReplicaTree:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class TestTrainer:
