@@ -26,6 +26,11 @@
 # (`trainer.weight_transfer: broadcast`, `weight_transfer.backend: nccl`) into it. TRANSFER_CHECK=0
 # skips it.
 #
+# Sleep mode (vllm, step 4c; what hybrid lending needs of a vLLM engine on the trainer's GPU):
+# vLLM's server alone with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1,
+# tests/gpu/test_vllm_sleep.py: /sleep?level=1 frees most of its GPU memory, /wake_up gives the
+# same greedy tokens, level 2 wakes by tags (weights, then kv_cache). SLEEP_CHECK=0 skips it.
+#
 # SGLang (BACKEND=sglang) runs in an interpreter of its own: $SGLANG_PYTHON, else $PYTHON when
 # it has the sglang package, else .venv-sglang/bin/python of this checkout when that has it;
 # else the check installs it (infra/sglang/install.sh, into $GPU_CHECK_DIR/venv-sglang) from
@@ -59,6 +64,9 @@
 #   TRAINER_CHECK    0 skips the trainer check (default 1)
 #   ROUTING_CHECK    0 skips the MoE routed-experts check (default 1; vllm and hf)
 #   TRANSFER_CHECK   0 skips the NCCL weight-transfer check (default 1; vllm)
+#   SLEEP_CHECK      0 skips the sleep-mode check (default 1; vllm)
+#   VL_CHECK         0 skips the vision-language check (default 1; vllm): the `vl` preset
+#                    (tiny LLaVA) through vLLM's offline engine, tests/gpu/test_vl_vllm.py
 # Exit status: 0 when the trainer check and every contract test passed.
 set -uo pipefail
 
@@ -75,6 +83,8 @@ SGLANG_PY=""
 TRAINER_RESULT="not run"
 ROUTING_RESULT="not run"
 TRANSFER_RESULT="not run"
+SLEEP_RESULT="not run"
+VL_RESULT="not run"
 PY=${PYTHON:-python3}
 
 log() { printf '[gpu_check +%3ss] %s\n' "$(($(date +%s) - START))" "$*"; }
@@ -101,6 +111,8 @@ cleanup() {
   echo "trainer:   $TRAINER_RESULT"
   echo "routing:   $ROUTING_RESULT"
   echo "transfer:  $TRANSFER_RESULT"
+  echo "sleep:     $SLEEP_RESULT"
+  echo "vl:        $VL_RESULT"
   echo "result:    $RESULT"
   echo "elapsed:   $(($(date +%s) - START)) s"
   echo "python:    $PY ($("$PY" -V 2>&1))"
@@ -268,6 +280,56 @@ if [[ "${TRANSFER_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
   fi
 fi
 
+# ------------------------------------------------------------------ 4c. sleep mode (vllm)
+# Hybrid lending on GPUs (README "Hybrid lending"): a vLLM engine sharing the trainer's GPU
+# sleeps while the trainer steps and wakes to generate. vLLM's own server, started with
+# --enable-sleep-mode and its development routes (/sleep, /wake_up, /is_sleeping), alone on
+# the GPU (the contract replica is stopped first), driven by tests/gpu/test_vllm_sleep.py.
+if [[ "${SLEEP_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
+  log "stopping the contract replica; starting vLLM with --enable-sleep-mode (log: $WORK/vllm-sleep.log)"
+  kill -TERM "$REPLICA_PID" 2>/dev/null
+  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$REPLICA_PID" 2>/dev/null
+  SLEEP_PORT=$((PORT + 2))
+  # shellcheck disable=SC2086
+  VLLM_SERVER_DEV_MODE=1 "$PY" -m vllm.entrypoints.cli.main serve "$WORK/models/base" \
+    --port "$SLEEP_PORT" --host 127.0.0.1 --enable-sleep-mode --enforce-eager \
+    --gpu-memory-utilization 0.25 --max-model-len 2048 ${EXTRA_VLLM_ARGS:-} \
+    >"$WORK/vllm-sleep.log" 2>&1 &
+  REPLICA_PID=$!  # the EXIT trap stops it too
+  if "$PY" -c 'import os, sys, time, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+    try:
+        urllib.request.urlopen(url + "/health", timeout=5).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(2)
+sys.exit(1)' "http://127.0.0.1:$SLEEP_PORT" "$REPLICA_PID"; then
+    log "vLLM (sleep mode) healthy; running ${PYTEST[*]} tests/gpu/test_vllm_sleep.py"
+    ROLLOUT_VLLM_SLEEP_URL="http://127.0.0.1:$SLEEP_PORT" \
+      timeout 300 "${PYTEST[@]}" -s tests/gpu/test_vllm_sleep.py 2>&1 | tee "$WORK/sleep.log"
+    SLEEP_RC=${PIPESTATUS[0]}
+    SLEEP_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/sleep.log" | tail -1 | tr -d '=')
+    if [[ "$SLEEP_RC" == 0 ]] && ! grep -q skipped <<<"$SLEEP_SUMMARY"; then
+      SLEEP_RESULT="passed:${SLEEP_SUMMARY}"
+    else
+      SLEEP_RESULT="failed: pytest exit $SLEEP_RC,${SLEEP_SUMMARY:- no summary}"
+    fi
+  else
+    tail -n 20 "$WORK/vllm-sleep.log"
+    SLEEP_RESULT="failed: vLLM with --enable-sleep-mode did not start (the end of $WORK/vllm-sleep.log above)"
+  fi
+  log "sleep check: $SLEEP_RESULT"
+  kill -TERM "$REPLICA_PID" 2>/dev/null
+  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$REPLICA_PID" 2>/dev/null
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp -f "$WORK"/vllm-sleep.log "$WORK"/sleep.log "$OUT"/ 2>/dev/null
+  fi
+fi
+
 # ------------------------------------------------------------------ 5. MoE routed experts
 if [[ "${ROUTING_CHECK:-1}" != 0 && ( "$BACKEND" == vllm || "$BACKEND" == hf ) ]]; then
   log "stopping the contract replica; building the moe preset (seeds 0 and 1)"
@@ -318,6 +380,25 @@ wait_healthy(sys.argv[1], lambda: os.path.exists(f"/proc/{pid}"), 300.0, interva
     cp -f "$WORK"/replica-moe.log "$WORK"/routing.log "$OUT"/ 2>/dev/null
   fi
 fi
+# ------------------------------------------------------------------ 6. vision-language (vl)
+# The `vl` preset in vLLM (issue 32): its CPU build here lacks torchvision, which vLLM's LLaVA
+# module imports, so this is the first place it runs (README "Images").
+if [[ "${VL_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
+  log "running ${PYTEST[*]} tests/gpu/test_vl_vllm.py"
+  ROLLOUT_VL_MODEL="$WORK/models/vl" \
+    timeout 600 "${PYTEST[@]}" -s tests/gpu/test_vl_vllm.py 2>&1 | tee "$WORK/vl.log"
+  VL_RC=${PIPESTATUS[0]}
+  VL_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/vl.log" | tail -1 | tr -d '=')
+  if [[ "$VL_RC" == 0 ]] && ! grep -q skipped <<<"$VL_SUMMARY"; then
+    VL_RESULT="passed:${VL_SUMMARY}"
+  else
+    VL_RESULT="failed: pytest exit $VL_RC,${VL_SUMMARY:- no summary}"
+  fi
+  log "vl check: $VL_RESULT"
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp -f "$WORK"/vl.log "$OUT"/ 2>/dev/null
+  fi
+fi
 if [[ "${TRAINER_CHECK:-1}" != 0 && "$TRAINER_RESULT" != passed* ]]; then
   exit 1
 fi
@@ -325,5 +406,11 @@ if [[ "${ROUTING_CHECK:-1}" != 0 && "$ROUTING_RESULT" == failed* ]]; then
   exit 1
 fi
 if [[ "$TRANSFER_RESULT" == failed* ]]; then
+  exit 1
+fi
+if [[ "$SLEEP_RESULT" == failed* ]]; then
+  exit 1
+fi
+if [[ "$VL_RESULT" == failed* ]]; then
   exit 1
 fi

@@ -34,6 +34,7 @@ from schemas.errors import RolloutError
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.replicas.vllm_config import VLLMLaunchConfig
+from workers.media.config import MediaConfig
 from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
@@ -54,6 +55,8 @@ DERIVED: dict[str, str] = {
     "agent_loop.admission.max_staleness": "trainer.max_staleness (less "
     "agent_loop.admission.margin)",
     "agent_loop.admission.train_batch_size": "trainer.train_batch_size",
+    "agent_loop.media": "media",
+    "trainer.media": "media",
     "replay.max_staleness": "trainer.max_staleness",
 }
 
@@ -95,6 +98,7 @@ class RunConfig(BaseSettings):
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     local_kafka: LocalKafkaConfig = Field(default_factory=LocalKafkaConfig)
     produce: ProduceConfig = Field(default_factory=ProduceConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     agent_loop: AgentLoopWorkerConfig = Field(default_factory=AgentLoopWorkerConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
@@ -123,8 +127,11 @@ class RunConfig(BaseSettings):
         gate = gate.model_copy(
             update={"max_staleness": bound, "train_batch_size": trainer.train_batch_size}
         )
-        self.agent_loop = self.agent_loop.model_copy(update={"admission": gate})
+        self.agent_loop = self.agent_loop.model_copy(
+            update={"admission": gate, "media": self.media}
+        )
         self.replay = self.replay.model_copy(update={"max_staleness": trainer.max_staleness})
+        self.trainer = self.trainer.model_copy(update={"media": self.media})
         overlong = self.reward.overlong
         if overlong.enabled and overlong.max_response_length is None:
             # The penalty's budget is the agent loop's, unless the reward stage names one.

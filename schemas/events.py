@@ -20,6 +20,10 @@ forbid unknown fields) read it unchanged. On a `TurnEvent` it is the routing the
 generation returned, from position 0 of the trajectory (prompt, earlier turns, this turn's
 tokens but its last); the reward stage folds the turns' routing in order, append-only
 (`RoutedExperts.extended_by`), into the trajectory's.
+
+`images` (turn 0 and `ScoredTrajectory`) is the prompt's image references (`schemas.media`),
+None and likewise absent on the wire for a text prompt. A prompt's message contents may be
+lists of text and image parts; past `rollout produce` its images are `image_ref` parts.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from pydantic import (
     Field,
     JsonValue,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
     model_validator,
 )
 
 from schemas.arrays import FloatArray, IntArray, MaskArray, arrays_equal
+from schemas.media import ContentPart, ImageRef, content_parts
 from schemas.routing import RoutedExperts
 
 SCHEMA_VERSION = 1
@@ -95,13 +101,19 @@ class EventBase(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message of a prompt, in the OpenAI/verl shape."""
+    """One chat message of a prompt, in the OpenAI/verl shape: `content` is a string or a
+    list of text and image parts (`schemas.media`)."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | list[ContentPart]
     tool_calls: list[dict[str, Any]] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        return content_parts(value)  # one clear message, not one per member of the union
 
 
 class RewardModelSpec(BaseModel):
@@ -136,9 +148,11 @@ _NOT_CONTENT = {"kind", "schema_version", "created_at", "uid"}
 
 
 def _without_none_routing(data: Any) -> Any:
-    """A dumped event without `routed_experts` when it is None (module docstring)."""
-    if isinstance(data, dict) and "routed_experts" in data and data["routed_experts"] is None:
-        del data["routed_experts"]
+    """A dumped event without `routed_experts` (or `images`) when it is None (module
+    docstring)."""
+    for name in ("routed_experts", "images"):
+        if isinstance(data, dict) and name in data and data[name] is None:
+            del data[name]
     return data
 
 
@@ -207,6 +221,11 @@ class TurnEvent(EventBase):
         description="MoE policies, assistant turns: the routing the generation returned, from "
         "position 0 of the trajectory (module docstring).",
     )
+    images: list[ImageRef] | None = Field(
+        default=None,
+        description="Turn 0 of a prompt with images: their references, in prompt order "
+        "(`schemas.media`); None (off the wire) for a text prompt.",
+    )
     # Final turn only: totals over the trajectory.
     num_turns: int | None = Field(default=None, ge=1)
     response_length: int | None = Field(default=None, ge=0)
@@ -265,6 +284,11 @@ class ScoredTrajectory(EventBase):
         default=None,
         description="MoE policies: the experts each position of prompt_ids + response_ids was "
         "routed to when generated, as far as the rollout fed them (None: dense model).",
+    )
+    images: list[ImageRef] | None = Field(
+        default=None,
+        description="The prompt's images by reference, in prompt order (None, off the wire: "
+        "a text prompt); the trainer rebuilds the image inputs from them.",
     )
 
     @property

@@ -54,6 +54,8 @@ def _derived(cfg: RunConfig) -> list[tuple[str, Any]]:
         value: Any = cfg
         for part in key.split("."):
             value = getattr(value, part)
+        if hasattr(value, "model_dump"):  # a derived section (agent_loop.media): one JSON row
+            value = value.model_dump(mode="json")
         out.append((key, value))
     return out
 

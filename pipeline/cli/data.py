@@ -23,7 +23,7 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
     rows = read_rows(args.dataset)  # a wrong path or format fails here, before Kafka
     for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
         print(f"{name}\t{outcome}", file=sys.stderr)
-    with PromptProducer(cfg.kafka, cfg.topics) as producer:
+    with PromptProducer(cfg.kafka, cfg.topics, cfg.media) as producer:
         report = producer.produce_rows(
             rows,
             uid_prefix=args.uid_prefix or dataset_uid_prefix(args.dataset),
@@ -116,8 +116,10 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
     from workers.llm.model_init import init_model
 
-    if args.reward_model and args.preset == "moe":
-        raise ConfigError("--reward-model: the moe preset is a causal LM only; use tiny or small")
+    if args.reward_model and args.preset in ("moe", "vl"):
+        raise ConfigError(
+            f"--reward-model: the {args.preset} preset is a causal LM only; use tiny or small"
+        )
     writable_dir(Path(args.out), "--out")
     out = init_model(
         args.out,
@@ -187,7 +189,7 @@ def add_parsers(sub: Any) -> None:
     minit.add_argument("--out", required=True, help="Directory to write the model into.")
     minit.add_argument(
         "--preset",
-        choices=["tiny", "small", "moe"],
+        choices=["tiny", "small", "moe", "vl"],
         default="tiny",
         help="Model size (default: tiny); moe: a Qwen3-MoE, 4 layers of 8 experts, top-2.",
     )

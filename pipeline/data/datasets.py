@@ -3,10 +3,15 @@
 A row has verl's columns: `prompt` (chat messages, or a plain string taken as one user
 message), `data_source`, `reward_model` (`{style, ground_truth}`, the ground truth of any JSON
 type), `extra_info` (carried whole: `tools_kwargs`, `index`, …), optional `ability`,
-`agent_name`, `n` and `uid`. Nothing in a row vanishes without a word: a row with `images` or
-`videos` is refused with its row number (they are not taken yet, and training on the text
-alone would silently change the task), and any other column the pipeline does not read is
-named, with how many rows had it, by `unused_columns` (the producer's report counts them).
+`agent_name`, `n`, `uid` and `images`. Nothing in a row vanishes without a word: verl's
+`images` column (a list of `{bytes, path}` dicts, paths or bytes, each standing where the
+text says `<image>`) becomes image parts of the messages in placeholder order (a count that
+does not match the placeholders is refused), a row with `videos` is refused with its row
+number (not taken yet; training on the text alone would silently change the task), and any
+other column the pipeline does not read is named, with how many rows had it, by
+`unused_columns` (the producer's report counts them). Given an `ingest` (`rollout produce`
+passes `workers.media.ingest.Ingestor`), the images are read, checked and stored, and the
+event carries references; an image that fails is the row's error, in one line.
 
 A row without `uid` gets a deterministic one,
 `{prefix}-{row_number}`. The prefix, unless given, is `dataset_uid_prefix(path)`: the file's
@@ -19,9 +24,10 @@ old uids for rows that did not change.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,8 @@ from pydantic import ValidationError
 
 from schemas.errors import RolloutError
 from schemas.events import PromptEvent
+from schemas.media import IMAGE_PLACEHOLDER
+from workers.media.exceptions import MediaError
 
 __all__ = [
     "DatasetError",
@@ -43,7 +51,8 @@ __all__ = [
 READ_COLUMNS = frozenset(
     {"prompt", "data_source", "reward_model", "extra_info", "ability", "agent_name", "n", "uid"}
 )
-#: Media columns verl's datasets carry (geo3k's `images`), refused rather than dropped.
+#: Media columns verl's datasets carry: geo3k's `images` (made image parts), `videos` (refused
+#: rather than dropped).
 MEDIA_COLUMNS = ("images", "videos")
 
 
@@ -105,7 +114,7 @@ def unused_columns(row: Any) -> list[str]:
     return sorted(
         str(k)
         for k, v in row.items()
-        if k not in READ_COLUMNS and not (k in MEDIA_COLUMNS and not v)
+        if k not in READ_COLUMNS and k != "images" and not (k in MEDIA_COLUMNS and not v)
     )
 
 
@@ -137,25 +146,78 @@ def _parquet_rows(handle: Any) -> Iterator[tuple[int, Any]]:
             number += 1
 
 
+def _image_url(item: Any) -> str:
+    """The `image_url` of one entry of verl's `images` column: bytes become a data: URI."""
+    if isinstance(item, Mapping):
+        item = item.get("bytes") or item.get("path") or item.get("image") or item.get("url")
+    if isinstance(item, bytes | bytearray):
+        return "data:application/octet-stream;base64," + base64.b64encode(item).decode()
+    if isinstance(item, str) and item:
+        return item
+    raise ValueError("an image must be bytes, a path/URL, or a {bytes, path} object")
+
+
+def _with_images(prompt: Any, images: list[Any]) -> list[Any]:
+    """verl's `<image>` placeholders in `prompt`'s text replaced by `images`' parts, in order."""
+    if not isinstance(prompt, list):
+        raise ValueError("prompt must be a list of messages when the row has images")
+    found = sum(
+        m["content"].count(IMAGE_PLACEHOLDER)
+        for m in prompt
+        if isinstance(m, Mapping) and isinstance(m.get("content"), str)
+    )
+    if found != len(images):
+        raise ValueError(
+            f"{len(images)} given, but the prompt has {found} {IMAGE_PLACEHOLDER} "
+            "placeholders (verl writes one where each image goes)"
+        )
+    urls = iter([_image_url(item) for item in images])
+    messages = []
+    for message in prompt:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, str) or IMAGE_PLACEHOLDER not in content:
+            messages.append(message)
+            continue
+        parts: list[dict[str, Any]] = []
+        for index, text in enumerate(content.split(IMAGE_PLACEHOLDER)):
+            if index:
+                parts.append({"type": "image_url", "image_url": {"url": next(urls)}})
+            if text:
+                parts.append({"type": "text", "text": text})
+        messages.append({**message, "content": parts})
+    return messages
+
+
 def row_to_prompt(
-    row: Any, row_number: int, *, uid_prefix: str, default_data_source: str | None = None
+    row: Any,
+    row_number: int,
+    *,
+    uid_prefix: str,
+    default_data_source: str | None = None,
+    ingest: Callable[[PromptEvent], PromptEvent] | None = None,
 ) -> PromptEvent:
-    """Validate one row into a `PromptEvent`; `RowError` says what is wrong with it."""
+    """Validate one row into a `PromptEvent` (its images stored and referenced by `ingest`
+    when given); `RowError` says what is wrong with it."""
     if isinstance(row, RowError):
         raise row
     if not isinstance(row, Mapping):
         raise RowError(row_number, f"expected an object, got {type(row).__name__}")
     fields = dict(row)
-    for media in MEDIA_COLUMNS:
-        if fields.get(media):
-            raise RowError(
-                row_number,
-                f"{media}: {len(fields[media])} given, but prompts with {media} are not "
-                "supported yet (refused, not trained on the text alone)",
-            )
+    if fields.get("videos"):
+        raise RowError(
+            row_number,
+            f"videos: {len(fields['videos'])} given, but prompts with videos are not "
+            "supported yet (refused, not trained on the text alone)",
+        )
     prompt = fields.get("prompt")
     if isinstance(prompt, str):
         fields["prompt"] = [{"role": "user", "content": prompt}]
+    images = fields.get("images")
+    if images is not None and len(images):
+        try:
+            fields["prompt"] = _with_images(fields.get("prompt"), list(images))
+        except ValueError as exc:
+            raise RowError(row_number, f"images: {exc}") from None
     extra_info = fields.get("extra_info") or {}
     uid = fields.get("uid") or (extra_info.get("uid") if isinstance(extra_info, Mapping) else None)
     fields["uid"] = str(uid) if uid is not None else f"{uid_prefix}-{row_number}"
@@ -165,8 +227,14 @@ def row_to_prompt(
     if fields.get("reward_model") is None:
         fields.pop("reward_model", None)
     try:
-        return PromptEvent.model_validate({k: v for k, v in fields.items() if k in READ_COLUMNS})
+        event = PromptEvent.model_validate({k: v for k, v in fields.items() if k in READ_COLUMNS})
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise RowError(row_number, f"{where}: {first['msg']}") from exc
+    if ingest is None:
+        return event
+    try:
+        return ingest(event)
+    except MediaError as exc:
+        raise RowError(row_number, str(exc)) from None

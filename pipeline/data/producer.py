@@ -1,7 +1,9 @@
 """`PromptProducer`: datasets or any iterable of rows → `rl.prompts`.
 
 Produces with acks=all and the idempotent producer, keyed by uid, with the codec's headers.
-Rows that are not valid prompts are reported with their row number and skipped; `close()`
+Rows that are not valid prompts are reported with their row number and skipped. A prompt's
+images (`image_url` parts, verl's `images` column) are read, size-checked and put in the media
+store (`media`), and the event sent carries their references (`schemas.media`); `close()`
 (or leaving the context manager) flushes, so every counted prompt is acknowledged.
 """
 
@@ -30,6 +32,9 @@ from schemas.events import PromptEvent
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import DeliveryError
+from workers.media.config import MediaConfig
+from workers.media.exceptions import MediaError
+from workers.media.ingest import Ingestor
 
 __all__ = ["ProduceReport", "PromptProducer"]
 
@@ -57,8 +62,14 @@ class ProduceReport:
 class PromptProducer:
     """Produce `PromptEvent`s to the prompts topic."""
 
-    def __init__(self, kafka: KafkaConfig, topics: TopicsConfig | None = None) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topics: TopicsConfig | None = None,
+        media: MediaConfig | None = None,
+    ) -> None:
         self._topics = topics or TopicsConfig()
+        self._ingest = Ingestor(media or MediaConfig())
         self.topic = self._topics.name("prompts")
         self._producer = make_producer(kafka, name="prompt-producer")
         self._failures: list[BaseException] = []
@@ -110,10 +121,14 @@ class PromptProducer:
             number, row = item if _is_numbered(item) else (index, item)
             try:
                 event = (
-                    row
+                    _ingested(self._ingest, row, number)
                     if isinstance(row, PromptEvent)
                     else row_to_prompt(
-                        row, number, uid_prefix=uid_prefix, default_data_source=default_data_source
+                        row,
+                        number,
+                        uid_prefix=uid_prefix,
+                        default_data_source=default_data_source,
+                        ingest=self._ingest,
                     )
                 )
             except RowError as exc:
@@ -140,6 +155,13 @@ class PromptProducer:
     def produce_file(self, path: str | Path, **kwargs: Any) -> ProduceReport:
         kwargs.setdefault("uid_prefix", dataset_uid_prefix(path))
         return self.produce_rows(read_rows(path), **kwargs)
+
+
+def _ingested(ingest: Ingestor, event: PromptEvent, number: int) -> PromptEvent:
+    try:
+        return ingest(event)
+    except MediaError as exc:
+        raise RowError(number, str(exc)) from None
 
 
 def _is_numbered(item: Any) -> bool:

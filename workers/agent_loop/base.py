@@ -93,6 +93,10 @@ class AgentContext:
 class AgentLoopBase(ABC):
     """One trajectory. Subclasses implement `run`; a fresh instance serves each sample."""
 
+    #: Whether `run` uses `sample["images"]` (`workers.agent_loop.images.LoopImages`): a
+    #: prompt with images for a loop that does not is dead-lettered, not run on its text.
+    takes_images: bool = False
+
     def __init__(self, context: AgentContext) -> None:
         self.ctx = context
 

@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import SamplingParams
+from workers.media.config import MediaConfig
 
 __all__ = ["AdmissionConfig", "AgentLoopConfig", "AgentLoopWorkerConfig"]
 
@@ -102,6 +103,11 @@ class AgentLoopWorkerConfig(BaseModel):
     llm: LLMClientConfig = Field(default_factory=LLMClientConfig)
     loops: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    media: MediaConfig = Field(
+        default_factory=MediaConfig,
+        exclude=True,
+        description="Derived from the run's `media`: the store the prompts' images are read from.",
+    )
 
     @model_validator(mode="after")
     def _parser_option(self) -> AgentLoopWorkerConfig:

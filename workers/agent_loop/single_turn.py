@@ -1,6 +1,7 @@
 """`single_turn_agent`: chat template, one generation, mask all ones.
 
-The prompt is tokenized once with the chat template; the response is exactly the generated
+The prompt is tokenized once with the chat template (each image's token expanded as the
+model's processor expands it, and the images sent with it); the response is exactly the generated
 tokens, which stop on the model's end-of-turn token and every eos (`ChatFormat.stop_ids`).
 The generation budget is the smaller of the sampling params' `max_tokens` and the configured
 response length.
@@ -18,8 +19,15 @@ __all__ = ["SingleTurnAgentLoop"]
 
 @register("single_turn_agent")
 class SingleTurnAgentLoop(AgentLoopBase):
+    takes_images = True
+
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
         prompt_ids = self.apply_chat_template(sample["messages"])
+        images = sample.get("images")
+        extra = {}
+        if images is not None:
+            prompt_ids = images.expand(prompt_ids)
+            extra["images"] = images.refs
         budget = min(sampling_params.max_tokens, self.ctx.max_response_length)
         stops = self.chat.stop_ids(ignore_eos=sampling_params.ignore_eos)
         params = sampling_params.model_copy(
@@ -28,7 +36,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
                 "stop_token_ids": sorted({*sampling_params.stop_token_ids, *stops}),
             }
         )
-        out = await self.ctx.llm.generate(sample["request_id"], prompt_ids, params)
+        out = await self.ctx.llm.generate(sample["request_id"], prompt_ids, params, **extra)
         logprobs = list(out.logprobs) if out.logprobs else [0.0] * len(out.token_ids)
         await self.ctx.on_turn(
             TurnRecord(

@@ -2,7 +2,8 @@
 
 The emitter holds one turn back, so that the last turn can be sent with `final=True` and the
 trajectory's totals once the loop returns. Turn 0 carries the prompt ids and what the reward
-stage needs (`data_source`, `reward_model`, `extra_info`, `agent_name`). Every send is
+stage needs (`data_source`, `reward_model`, `extra_info`, `agent_name`, the prompt's image
+references). Every send is
 awaited for the broker's acknowledgement in `finish()`: the worker finishes a prompt's
 offset only after that.
 """
@@ -15,6 +16,7 @@ from dataclasses import fields
 from typing import Any
 
 from schemas.events import ExtraFields, PromptEvent, TurnEvent, trajectory_id
+from schemas.media import prompt_images
 from workers.agent_loop.base import AgentLoopOutput, TurnRecord
 from workers.agent_loop.exceptions import AgentLoopError
 
@@ -25,7 +27,14 @@ Send = Callable[[TurnEvent], Awaitable["asyncio.Future[Any]"]]
 
 class TurnEmitter:
     def __init__(
-        self, send: Send, prompt: PromptEvent, sample_index: int, attempt_id: str, group_size: int
+        self,
+        send: Send,
+        prompt: PromptEvent,
+        sample_index: int,
+        attempt_id: str,
+        group_size: int,
+        *,
+        prompt_digest: str | None = None,
     ) -> None:
         self._send = send
         self.group_size = group_size
@@ -33,7 +42,9 @@ class TurnEmitter:
         self.sample_index = sample_index
         self.attempt_id = attempt_id
         self.trajectory_id = trajectory_id(prompt.uid, sample_index)
-        self.prompt_digest = prompt.content_digest()
+        # A prompt's n samples share its digest: the worker computes it once and passes it.
+        self.prompt_digest = prompt_digest or prompt.content_digest()
+        self.images = prompt_images(m.content for m in prompt.prompt) or None
         self._held: TurnRecord | None = None
         self._index = 0
         self._acks: list[asyncio.Future[Any]] = []
@@ -76,6 +87,7 @@ class TurnEmitter:
             agent_name=prompt.agent_name if first else None,
             group_size=self.group_size if first else None,
             prompt_digest=self.prompt_digest if first else None,
+            images=self.images if first else None,
             final=output is not None,
             num_turns=output.num_turns if output is not None else None,
             response_length=len(output.response_ids) if output is not None else None,

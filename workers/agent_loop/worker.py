@@ -21,7 +21,8 @@ Delivery (at-least-once, de-duplicated downstream):
 - SIGTERM: stop fetching, let in-flight prompts finish within the grace period, cancel the
   rest, commit, close.
 - A prompt that cannot be processed (not a PromptEvent, unknown agent, prompt too long,
-  tool config error, a replica's 4xx) goes to the dead-letter topic with its reason. A tool
+  tool config error, a replica's 4xx, an image missing from the media store, undecodable, or
+  sent to a text-only policy: `images`) goes to the dead-letter topic with its reason. A tool
   parser that cannot be found (`tool_parser`) is no prompt's fault: the worker fails at start.
 - A prompt that fails for reasons not its own (replicas unreachable past every retry, the
   broker refusing its turns) is never dead-lettered: it stays unfinished, the worker stops
@@ -38,7 +39,6 @@ from collections import defaultdict
 from collections.abc import Coroutine
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -59,6 +59,7 @@ from workers.agent_loop.follow import (
     follow_replicas,
     follow_upstream_drops,
 )
+from workers.agent_loop.images import LoopImages, PromptImages, is_vision_model, messages_of
 from workers.agent_loop.loops import get_agent_loop
 from workers.agent_loop.offsets import OffsetTracker
 from workers.agent_loop.turns import TurnEmitter
@@ -109,6 +110,7 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.tools = tools
         self.chat: ChatFormat | None = None
+        self.images: PromptImages | None = None
         self.tracker = OffsetTracker()
         self.gate = AdmissionGate(
             config.admission.max_staleness, config.admission.train_batch_size, synced=False
@@ -159,6 +161,13 @@ class AgentLoopWorker:
         self.chat = ChatFormat.load(
             self.tokenizer, tool_parser=cfg.tool_parser, template_kwargs=cfg.chat_template_kwargs
         )
+        vision = is_vision_model(cfg.model, self.tokenizer)
+        processor = None
+        if vision:
+            from transformers import AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(cfg.model)
+        self.images = PromptImages(cfg.media, vision=vision, model=cfg.model, processor=processor)
         if self.tools is None:
             self.tools = {}
             if cfg.loops.tool_config:
@@ -257,13 +266,15 @@ class AgentLoopWorker:
             batch = await consumer.getmany(timeout_ms=200, max_records=max(1, room))
             for tp, records in batch.items():
                 for record in records:
-                    n = self._sample_count(record)
+                    prompt = self._decode(record)
+                    own = prompt.n if isinstance(prompt, PromptEvent) else None
+                    n = own or self.config.n
                     free = self.config.max_samples_in_flight - self._samples_in_flight
                     if n > free and self._samples_in_flight > 0:
                         # This prompt's own n does not fit yet: fetch it again later.
                         consumer.seek(tp, record.offset)
                         break
-                    self._start(tp, record, n)
+                    self._start(tp, record, n, prompt)
             if loop.time() >= next_commit:
                 await self._commit()
                 next_commit = loop.time() + self.config.commit_interval_s
@@ -288,15 +299,23 @@ class AgentLoopWorker:
             await self.llm.check_health()
         return current()
 
-    def _sample_count(self, record: Any) -> int:
-        """The prompt's own `n` (else the configured one), read before it is admitted."""
+    def _decode(self, record: Any) -> PromptEvent | DecodeError:
+        """The record's prompt, decoded once: its own `n` sizes its admission, and `_process`
+        runs it (or dead-letters the error)."""
         try:
-            n = orjson.loads(record.value).get("n")
-        except (orjson.JSONDecodeError, TypeError, AttributeError):
-            n = None
-        return n if isinstance(n, int) and n > 0 else self.config.n
+            prompt = decode_as(record.value, PromptEvent)
+            if record.key is not None and record.key != prompt.uid.encode():
+                raise DecodeError(
+                    f"record key {record.key!r} is not the prompt's uid {prompt.uid!r}",
+                    cause="key_mismatch",
+                )
+        except DecodeError as exc:
+            return exc
+        return prompt
 
-    def _start(self, tp: TopicPartition, record: Any, samples: int) -> None:
+    def _start(
+        self, tp: TopicPartition, record: Any, samples: int, prompt: PromptEvent | DecodeError
+    ) -> None:
         self._samples_in_flight += samples  # reserved until the prompt is done
         peak = self.counters["samples_in_flight_peak"]
         self.counters["samples_in_flight_peak"] = max(peak, self._samples_in_flight)
@@ -304,18 +323,16 @@ class AgentLoopWorker:
         self.gate.admit()
         self.counters["prompts_started"] += 1
         self.metrics.consumed(record.topic)
-        task = asyncio.create_task(self._process(tp, record, samples))
+        task = asyncio.create_task(self._process(tp, record, samples, prompt))
         self._tasks[tp][record.offset] = task
 
-    async def _process(self, tp: TopicPartition, record: Any, samples: int) -> None:
+    async def _process(
+        self, tp: TopicPartition, record: Any, samples: int, prompt: PromptEvent | DecodeError
+    ) -> None:
         try:
             try:
-                prompt = decode_as(record.value, PromptEvent)
-                if record.key is not None and record.key != prompt.uid.encode():
-                    raise DecodeError(
-                        f"record key {record.key!r} is not the prompt's uid {prompt.uid!r}",
-                        cause="key_mismatch",
-                    )
+                if isinstance(prompt, DecodeError):
+                    raise prompt
                 await self._run_prompt(prompt)
             except (DecodeError, AgentLoopError, BadRequestError) as exc:
                 await self._dead_letter(record, exc)  # the gate counts it from rl.dlq
@@ -355,17 +372,34 @@ class AgentLoopWorker:
             prompt.agent_name or cfg.loops.default_agent, cfg.loops.user_loops
         )
         n = prompt.n or cfg.n
+        assert self.images is not None
+        # File reads and decoding off the event loop; a bad image dead-letters the prompt.
+        prompt, images = await asyncio.to_thread(self.images.resolve, prompt)
+        if images is not None and not getattr(loop_cls, "takes_images", False):
+            raise AgentLoopError(
+                f"agent loop {loop_cls.__name__} does not take images", cause="image_unsupported"
+            )
+        digest = prompt.content_digest()  # once per prompt: its samples' turn 0s all carry it
         results = await asyncio.gather(
-            *(self._run_sample(loop_cls, prompt, i, n) for i in range(n)),
+            *(self._run_sample(loop_cls, prompt, i, n, images, digest) for i in range(n)),
             return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _run_sample(self, loop_cls: type, prompt: PromptEvent, index: int, n: int) -> None:
+    async def _run_sample(
+        self,
+        loop_cls: type,
+        prompt: PromptEvent,
+        index: int,
+        n: int,
+        images: LoopImages | None,
+        digest: str,
+    ) -> None:
         cfg = self.config
-        emitter = TurnEmitter(self._send_turn, prompt, index, uuid.uuid4().hex[:16], n)
+        attempt = uuid.uuid4().hex[:16]
+        emitter = TurnEmitter(self._send_turn, prompt, index, attempt, n, prompt_digest=digest)
         started = last = time.monotonic()
 
         async def on_turn(record: TurnRecord) -> None:
@@ -387,11 +421,12 @@ class AgentLoopWorker:
         )
         output = await loop_cls(context).run(
             cfg.sampling,
-            messages=[m.model_dump(exclude_none=True) for m in prompt.prompt],
+            messages=messages_of(prompt, self.images.token if self.images else "<image>"),
             request_id=emitter.trajectory_id,
             uid=prompt.uid,
             sample_index=index,
             extra_info=prompt.extra_info,
+            **({"images": images} if images else {}),
         )
         await emitter.finish(output)
         self.counters["trajectories"] += 1

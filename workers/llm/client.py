@@ -57,6 +57,7 @@ import orjson
 from pydantic import ValidationError
 
 from schemas.events import ReplicaRole
+from schemas.media import ImageRef
 from workers.llm.balancer import Balancer, Replica
 from workers.llm.config import LLMClientConfig
 from workers.llm.contract import (
@@ -217,9 +218,11 @@ class LLMClient:
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
         *,
         return_routed_experts: bool | None = None,
+        images: Sequence[ImageRef] = (),
     ) -> GenerateOutput:
         """Generate until a real finish, resuming across aborts and replica failures.
-        `return_routed_experts`: None reads the config's (module docstring)."""
+        `return_routed_experts`: None reads the config's (module docstring). `images`: the
+        prompt's, bytes inline (`contract`), sent with every piece."""
         if self.state is not ClientState.OPEN:
             raise ClientClosedError(f"client is {self.state.value}")
         params = (
@@ -235,6 +238,8 @@ class LLMClient:
         )
         if routed:
             body["return_routed_experts"] = True
+        if images:
+            body["images"] = [ref.model_dump(mode="json") for ref in images]
         budget = params.max_tokens
         want_logprobs = params.logprobs is not None
         cfg = self.config

@@ -31,6 +31,11 @@ return routing (a vLLM replica started without it) answers 400 likewise, never a
 A request aborted before anything was fed has no routing to give (empty from `hf`, null from
 vLLM); the client only reads routing of pieces that produced tokens. Without the flag nothing
 is recorded and the field is null.
+
+Images (vision-language models): `images` lists the prompt's images as `schemas.media.ImageRef`s
+with their bytes inline (`data`); the prompt's token ids already hold each image's placeholder
+tokens, expanded as the model's processor expands them (token-in/token-out stays the contract).
+A text-only model answers a request with images with 400.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.media import ImageRef
 from schemas.routing import RoutedExperts
 
 __all__ = [
@@ -94,6 +100,9 @@ class CompletionRequest(SamplingParams):
     return_token_ids: bool = True
     return_routed_experts: bool = Field(
         default=False, description="Return the routed experts of every position (MoE models)."
+    )
+    images: list[ImageRef] | None = Field(
+        default=None, description="The prompt's images, bytes inline (module docstring)."
     )
     stream: Literal[False] = False
 

@@ -49,7 +49,7 @@ __all__ = [
 
 logger = logging.getLogger("rollout.llm.model_init")
 
-Preset = Literal["tiny", "small", "moe"]
+Preset = Literal["tiny", "small", "moe", "vl"]
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS: tuple[str, ...] = (
@@ -93,6 +93,9 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 MOE_PRESETS = frozenset({"moe"})
 """Presets built as `Qwen3MoeForCausalLM` (every layer MoE, normalised top-k weights)."""
+# A tiny LLaVA around the `tiny` geometry, with its processor (`workers.llm.model_init_vl`).
+PRESETS["vl"] = PRESETS["tiny"]
+VL_PRESETS = frozenset({"vl"})
 
 # A backslash at a line's end continues the line: the template's text has no line break there.
 CHAT_TEMPLATE = """{%- if tools %}
@@ -386,7 +389,7 @@ def init_model(
     eos_id = tokenizer.convert_tokens_to_ids(family.eos)
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in family.generation_eos]
     moe = preset in MOE_PRESETS
-    if moe and reward_model:
+    if (moe or preset in VL_PRESETS) and reward_model:
         raise ValueError(f"preset {preset!r} is a causal LM only; a reward model is tiny or small")
     config = (Qwen3MoeConfig if moe else Qwen2Config)(
         vocab_size=vocab,
@@ -400,6 +403,12 @@ def init_model(
         **({"norm_topk_prob": True, "decoder_sparse_step": 1} if moe else {}),
     )
     config.dtype = torch.float32
+    if preset in VL_PRESETS:
+        from workers.llm.model_init_vl import init_vl_model
+
+        if template != "hermes":
+            raise ValueError("preset 'vl' uses the hermes template only")
+        return init_vl_model(out, config.to_dict(), tokenizer, seed)
     if reward_model:
         from transformers import Qwen2ForSequenceClassification as model_cls
 

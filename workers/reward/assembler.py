@@ -28,6 +28,8 @@ routing of the first turn that recorded it (`RoutedExperts.extended_by`); None w
 carries any. Turns of different model shapes, or routing past the trajectory's tokens, are a
 `DecodeError` (cause `routing`): the trajectory is dead-lettered with that reason.
 
+The trajectory's `images` are turn 0's: the prompt's image references, carried unchanged.
+
 Turns are kept as the raw bytes they arrived in (decoded again only at completion), so the
 state costs no re-encoding. A DONE state keeps no turns: it is a small marker that makes
 later duplicates cheap to recognise (the stage deletes it after its retention).
@@ -274,6 +276,8 @@ def assemble(state: TrajectoryState, decoded: dict[int, TurnEvent] | None = None
         "finish_reason": next((t.stop_reason for t in reversed(turns) if t.loss_mask), None),
         "extra_fields": extra_fields,
         "routed_experts": _routing(turns, len(first.prompt_ids) + len(response_ids)),
+        # Plain data like the rest (a custom scorer gets `fields` as JSON); None: text prompt.
+        "images": [r.model_dump(mode="json") for r in first.images] if first.images else None,
     }
     return Assembled(
         fields=fields,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas.advantages import grpo_advantages
 from schemas.events import ScoredTrajectory, TrainingGroup
+from schemas.media import ImageRef
 from schemas.routing import RoutedExperts
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ class TrajectoryBatch:
     prompt_length: int
     extra: dict[str, Any] = field(default_factory=dict)
     routed_experts: list[RoutedExperts | None] | None = None  # per sample (module docstring)
+    # Vision-language policies: each sample's image references (None: no sample has any) and
+    # their pixel values, one tensor per sample or None (`workers.trainer.images.BatchImages`).
+    images: list[list[ImageRef]] | None = None
+    pixels: list[Any] | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -89,6 +94,8 @@ class TrajectoryBatch:
             self.prompt_length,
             dict(self.extra),
             self.routed_experts,
+            self.images,
+            None if self.pixels is None else [_to(p, device) for p in self.pixels],
         )
 
     def select(self, lo: int, hi: int) -> TrajectoryBatch:
@@ -102,6 +109,8 @@ class TrajectoryBatch:
             self.prompt_length,
             dict(self.extra),
             None if self.routed_experts is None else self.routed_experts[lo:hi],
+            None if self.images is None else self.images[lo:hi],
+            None if self.pixels is None else self.pixels[lo:hi],
         )
 
     def split(self, size: int) -> list[TrajectoryBatch]:
@@ -150,6 +159,7 @@ def collate(
         if lr:
             rewards[i, lr - 1] = s.reward_score
     routed = [s.routed_experts for s in samples]
+    images = [list(s.images or []) for s in samples]
     attention = torch.from_numpy(np.concatenate([prompt_att, resp_att], axis=1))
     mask_t = torch.from_numpy(response_mask)
     adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(-1) * mask_t
@@ -173,7 +183,12 @@ def collate(
         max_global_steps=[s.extra_fields.max_global_steps for s in samples],
         prompt_length=p,
         routed_experts=routed if any(r is not None for r in routed) else None,
+        images=images if any(images) else None,
     )
+
+
+def _to(tensor: Any, device: Any) -> Any:
+    return None if tensor is None else tensor.to(device)
 
 
 def collate_groups(groups: Sequence[TrainingGroup], *, pad_token_id: int = 0) -> TrajectoryBatch:

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.stale import StalePolicy
+from workers.media.config import MediaConfig
 
 __all__ = [
     "LENT_REPLICA_PREFIX",
@@ -86,6 +87,12 @@ class TrainerConfig(BaseModel):
         default="",
         description="HF model directory the replicas serve (weights, config, tokenizer); "
         "ignored on restart when `checkpoint_dir` holds a checkpoint.",
+    )
+    media: MediaConfig = Field(
+        default_factory=MediaConfig,
+        exclude=True,
+        description="Derived from the run's `media`: the store the samples' images are read "
+        "from (vision-language policies, `workers.trainer.images`).",
     )
     checkpoint_dir: str = Field(
         default="checkpoints",

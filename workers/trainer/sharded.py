@@ -44,7 +44,7 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
 from workers.trainer.checkpoint import TrainerState, load_latest, save_checkpoint
 from workers.trainer.config import TrainerConfig
-from workers.trainer.exceptions import CheckpointError
+from workers.trainer.exceptions import CheckpointError, TrainerError
 from workers.trainer.trainer import Trainer, TrainerResult
 
 __all__ = [
@@ -124,7 +124,14 @@ def _shard(model: Any, ranks: Ranks, precision: str) -> Any:
 def build_policy(config: TrainerConfig, source: Path, state: TrainerState, ranks: Ranks) -> Policy:
     """The sharded policy from `source`, its AdamW restored from `sharded/step-<version>/`
     when the checkpoint has one, and the sharded frozen reference when `kl_coef > 0`."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if hasattr(AutoConfig.from_pretrained(str(source)), "vision_config"):
+        # Not yet: the sharded step would need each rank's pixels (`workers.trainer.images`).
+        raise TrainerError(
+            f"{source} is a vision-language model: the sharded trainer (world_size > 1) does "
+            "not train one yet; run the trainer as one process"
+        )
 
     def load(path: str | Path) -> Any:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)

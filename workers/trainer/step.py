@@ -66,12 +66,16 @@ def response_log_probs(
     responses = batch["responses"]
     r = responses.shape[1]
     input_ids = batch["input_ids"]
+    # Vision-language policies: the samples' pixel values, in row order as the image tokens.
+    pixels = [t for t in batch.pixels or [] if t is not None]
+    images = {"pixel_values": torch.cat(pixels)} if pixels else {}
     with torch.autocast(input_ids.device.type, torch.bfloat16, enabled=precision == "bf16"):
         out = model(
             input_ids=input_ids,
             attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
             use_cache=False,
+            **images,
         )
     logits = out.logits[:, p - 1 : p + r - 1, :].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)

@@ -139,7 +139,7 @@ class Trainer:
         # r3 on a dense model is refused here, before anything is consumed.
         log.info("routing: %s", check_router_replay(self.model, self.config.router_replay))
         self.zero_advantage_steps = 0
-        pad = self.model.config.pad_token_id
+        pad = self.model.config.get_text_config().pad_token_id  # a VL model: its LM's
         self.pad_token_id = int(pad) if pad is not None else 0
         self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
         self.checkpointed: int | None = self.state.version if ckpt is not None else None
@@ -157,9 +157,10 @@ class Trainer:
 
         A hook: `workers.trainer.sharded` builds the same three sharded over ranks."""
         import torch
-        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.source), dtype=torch.float32)
+        from workers.trainer.images import load_policy
+
+        model = load_policy(self.source, dtype=torch.float32)  # a vision-language one too
         self.model = model.to(self.device)  # before AdamW, whose state follows the parameters
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -172,9 +173,7 @@ class Trainer:
         self.ref_model = None
         if self.config.kl_coef > 0:
             # The reference is the model the run started from, also after a restart.
-            ref = AutoModelForCausalLM.from_pretrained(
-                self.state.source_model or self.config.model_dir, dtype=torch.float32
-            )
+            ref = load_policy(self.state.source_model or self.config.model_dir, dtype=torch.float32)
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
 
     def _train(self, batch: Any) -> dict[str, Any]:
@@ -377,6 +376,10 @@ class Trainer:
         groups: list[TrainingGroup] = [i.event for i in pending.train]
         lags = [staleness(version, g.min_global_steps) for g in groups]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
+        if batch.images is not None:  # a vision-language policy: the rollout's pixels again
+            from workers.trainer.images import BatchImages
+
+            batch = BatchImages(self.config.media, self.config.model_dir).attach(batch)
         routed = batch.routed_experts or []
         if self.config.router_replay == "r3" and sum(r is not None for r in routed) < len(batch):
             # Not fatal (those samples are routed live), but replay is then not what runs.

@@ -233,6 +233,14 @@ class GatedAdapter:
             req = CompletionRequest.model_validate(await request.json())
         except ValueError as exc:  # JSON and pydantic validation errors
             return error_response(400, str(exc), "invalid_request_error")
+        if req.images:  # the upstream's token-id completions take no images: never serve
+            # an image prompt on its placeholder tokens alone (issue 32; README "Images")
+            return error_response(
+                400,
+                f"images: the {self.backend} backend does not take images yet; serve a "
+                "vision-language policy with the hf backend",
+                "invalid_request_error",
+            )
         if (refused := self._refuse(req)) is not None:
             return error_response(400, refused, "invalid_request_error")
         if not self._open.is_set():

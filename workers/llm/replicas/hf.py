@@ -141,7 +141,9 @@ async def _completions(request: web.Request) -> web.Response:
     params = req.sampling()
     request_id = req.request_id or f"cmpl-{uuid.uuid4().hex}"
     await state["weights"].wait()  # started for broadcast weights: none served before them
-    result = await engine.generate(req.prompt, params, request_id, req.return_routed_experts)
+    result = await engine.generate(
+        req.prompt, params, request_id, req.return_routed_experts, images=req.images or ()
+    )
     tokenizer = state["tokenizer"]
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer else ""
     choice = CompletionChoice(

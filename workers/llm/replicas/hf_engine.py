@@ -19,6 +19,9 @@ Invariants:
 - A request with `routed=True` (MoE models only; `router_tap`) gets the experts every position
   it fed was routed to, from position 0: a prefix-cache hit gives the cached tokens' routing,
   stored with their KV; forwards that no running request wants routing of keep none.
+- A vision-language model (a config with `vision_config`) takes `images` with a prompt: they
+  are prefilled with it, and its prefix-cache key names each image by its hash, never by its
+  placeholder tokens alone (`hf_images`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from typing import Any
 
 import torch
 
+from schemas.media import ImageRef
 from workers.llm.contract import SamplingParams
 from workers.llm.replicas import weights
 from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
 from workers.llm.replicas.hf_config import EngineStats, HFEngineConfig
+from workers.llm.replicas.hf_images import ImageInputs, load_model
 from workers.llm.replicas.kv_batch import BatchKV, cache_kwarg, single_cache
 from workers.llm.replicas.prefix_cache import KV, PrefixCache
 from workers.llm.replicas.router_tap import RouterTap, capture
@@ -67,18 +72,21 @@ class HFEngine:
         lending trainer's own policy, `workers.trainer.lend`): not copied, and its training
         flags are left alone (the engine thread runs under inference mode); its owner must keep
         the engine paused and idle while it changes the weights."""
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import GenerationConfig
 
         self.config = config or HFEngineConfig()
         self.model_dir = str(model_dir)
         torch.set_num_threads(self.config.threads)
         if model is None:
-            loaded = AutoModelForCausalLM.from_pretrained(
-                self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
-            )
+            loaded = load_model(self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
             model = loaded.eval().requires_grad_(False)
         self.model = model
-        cfg = model.config
+        self.images = (
+            ImageInputs(self.model_dir, model.config)
+            if hasattr(model.config, "vision_config")
+            else None
+        )
+        cfg = model.config.get_text_config()
         self.vocab_size = int(cfg.vocab_size)
         self.max_model_len = self.config.max_model_len or int(cfg.max_position_embeddings)
         self._eos = set(_as_list(cfg.eos_token_id))
@@ -149,10 +157,17 @@ class HFEngine:
         params: SamplingParams,
         request_id: str | None = None,
         routed: bool = False,
+        images: Sequence[ImageRef] = (),
     ) -> GenerationResult:
         """Generate for one prompt; returns when it stops, hits a limit or is aborted.
-        `routed`: also return the routed experts of every position fed (MoE models)."""
+        `routed`: also return the routed experts of every position fed (MoE models).
+        `images`: the prompt's images, bytes inline (vision-language models, `hf_images`)."""
         self.validate(prompt, params, routed)
+        if images and self.images is None:
+            raise InvalidRequestError(
+                f"images: {len(images)} given, but {self.model_dir} is a text-only model"
+            )
+        prepared = self.images.prepare(prompt, images) if self.images is not None else None
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = EngineSequence(
@@ -164,6 +179,8 @@ class HFEngine:
             generator=torch.Generator().manual_seed(seed),
             order=0,
             routing=[] if routed else None,
+            key=prepared.key if prepared is not None else list(prompt),
+            images=prepared if prepared is not None and images else None,
         )
         with self._cv:
             if self._closed:
@@ -328,7 +345,7 @@ class HFEngine:
                     seq.deliver(BackendError(repr(exc)))
                     continue
                 if seq.finish is not None:
-                    self._prefix.insert(seq.prompt, kv, seq.routed())
+                    self._prefix.insert(seq.key, kv, seq.routed())
                     self._prefilling -= 1  # uncounted before its answer is written
                     seq.deliver()
                 else:
@@ -345,7 +362,10 @@ class HFEngine:
         seq.version = self.version
         n = len(seq.prompt)
         routed = seq.routing is not None
-        reuse, prefix, cached_routing = self._prefix.lookup(seq.prompt, limit=n - 1, routed=routed)
+        reuse, prefix, cached_routing = self._prefix.lookup(seq.key, limit=n - 1, routed=routed)
+        extra: dict[str, Any] = {}
+        if seq.images is not None:  # reuse whole images only, feed the images after it
+            reuse, prefix, extra = seq.images.feed(reuse, prefix)
         self.stats.prefix_cache_queries += n
         self.stats.prefix_cache_hits += reuse
         seq.cached_tokens = reuse
@@ -356,6 +376,7 @@ class HFEngine:
                 attention_mask=torch.ones((1, n), dtype=torch.long),
                 position_ids=torch.arange(reuse, n)[None, :],
                 **{self._cache_kw: cache},
+                **extra,
                 logits_to_keep=1,
             )
         if seq.routing is not None and self.router_tap is not None:
@@ -401,7 +422,7 @@ class HFEngine:
         gone = set(indices)
         finished = [self._rows[i] for i in indices]
         for i, seq in zip(indices, finished, strict=True):
-            self._prefix.insert(seq.prompt + seq.out[:-1], self._batch.row_kv(i), seq.routed())
+            self._prefix.insert(seq.key + seq.out[:-1], self._batch.row_kv(i), seq.routed())
         keep = [i for i in range(len(self._rows)) if i not in gone]
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Set
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +60,10 @@ class EngineSequence:
     finish: FinishReason | None = None
     stop_reason: int | None = None
     routing: list[np.ndarray] | None = None  # chunks of (positions, layers, top_k); None: not asked
+    # The prefix-cache key of the prompt: the prompt, each image's tokens named by its hash
+    # (`hf_images.Prepared.key`); and the prompt's images (None: a text prompt).
+    key: list[int] = field(default_factory=list)
+    images: Any = None
 
     def routed(self) -> np.ndarray | None:
         """The routing so far as one (positions, layers, top_k) array (None: not asked)."""

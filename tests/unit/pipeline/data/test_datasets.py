@@ -98,3 +98,35 @@ def test_a_wrong_path_or_format_fails_when_asked_not_when_read(tmp_path) -> None
     broken.write_text("[1,")
     with pytest.raises(DatasetError, match="not valid JSON"):
         read_rows(broken)
+
+
+def test_a_verl_images_row_is_stored_and_an_oversize_one_refused_in_one_line(tmp_path) -> None:
+    import io
+
+    from PIL import Image
+
+    from schemas.media import ImageRefPart
+    from workers.media.config import MediaConfig
+    from workers.media.ingest import Ingestor
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(out, format="PNG")
+    row = {
+        "data_source": "hiyouga/geometry3k",
+        "prompt": [{"role": "user", "content": "<image>Find x."}],
+        "images": [{"bytes": out.getvalue(), "path": None}],
+    }
+    store = tmp_path / "media"
+    ingest = Ingestor(MediaConfig(store_dir=str(store)))
+    event = row_to_prompt(row, 3, uid_prefix="g", ingest=ingest)
+    (image, text) = event.prompt[0].content
+    assert isinstance(image, ImageRefPart) and text.text == "Find x."
+    assert (store / image.image_ref.sha256[:2] / image.image_ref.sha256).read_bytes() == (
+        out.getvalue()
+    )
+    small = Ingestor(MediaConfig(store_dir=str(store), max_image_bytes=10))
+    with pytest.raises(RowError) as refused:
+        row_to_prompt(row, 3, uid_prefix="g", ingest=small)
+    message = str(refused.value)
+    assert message.startswith("row 3: prompt.0 image 0: ") and "\n" not in message
+    assert "over media.max_image_bytes=10" in message

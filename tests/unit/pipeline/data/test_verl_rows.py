@@ -5,7 +5,8 @@ The row shapes: gsm8k (ground truth a string, `extra_info.index` an int), MATH-l
 source's `level` and `type` kept by `datasets.map`), hellaswag (ground truth an int, extra
 `reward_model` keys), Search-R1 (ground truth `{"target": [...]}`, `tools_kwargs` for the
 search tool, a `metadata` column), DAPO-Math-17k (`extra_info.index` a UUID string), gsm8k
-with the tool agent (`agent_name`, `tools_kwargs`, `interaction_kwargs`), geo3k (`images`).
+with the tool agent (`agent_name`, `tools_kwargs`, `interaction_kwargs`), geo3k (`images`:
+made image parts; the images themselves are read at produce, tests/unit/workers/media).
 """
 
 from __future__ import annotations
@@ -149,9 +150,17 @@ def test_columns_no_stage_reads_are_named_and_counted() -> None:
     assert "columns no stage reads, not sent: level (2 rows), type (2 rows)" in report.summary()
 
 
-def test_a_row_with_images_is_refused_with_its_number_not_stripped() -> None:
-    with pytest.raises(RowError, match=r"row 4: images: 1 given, but prompts with images"):
-        row_to_prompt(GEO3K, 4, uid_prefix="geo3k")
+def test_a_row_with_images_becomes_image_parts_where_its_placeholders_are() -> None:
+    event = row_to_prompt(GEO3K, 4, uid_prefix="geo3k")
+    (part_image, part_text) = event.prompt[0].content
+    assert part_image.type == "image_url" and part_image.image_url.url.startswith("data:")
+    assert part_text.text == "Find x. Put the answer in \\boxed{}."
+    assert unused_columns(GEO3K) == []
+
+
+def test_a_row_whose_images_do_not_match_its_placeholders_is_refused_with_its_number() -> None:
+    with pytest.raises(RowError, match=r"row 4: images: 2 given, but the prompt has 1 <image>"):
+        row_to_prompt({**GEO3K, "images": GEO3K["images"] * 2}, 4, uid_prefix="geo3k")
     with pytest.raises(RowError, match="videos"):
         row_to_prompt({**GSM8K, "videos": [{"video": "a.mp4"}]}, 0, uid_prefix="v")
 

@@ -115,3 +115,17 @@ def test_each_samples_routed_experts_ride_the_batch_and_its_slices() -> None:
     assert batch.to("cpu").routed_experts == [routed, None]
     assert [s.routed_experts for s in batch.split(1)] == [[routed], [None]]
     assert collate([b]).routed_experts is None  # no sample has any: nothing to replay
+
+
+def test_each_samples_images_ride_the_batch_and_its_slices() -> None:
+    from schemas.media import ImageRef
+
+    ref = ImageRef(sha256="ab" * 32, mime_type="image/png", size=10)
+    a = _traj("u", 0, [1, 2], [3, 4], [1, 1], 1.0).model_copy(update={"images": [ref]})
+    b = _traj("u", 1, [1], [5, 6, 7], [1, 1, 1], 0.0)  # a text prompt
+    batch = collate([a, b])
+    assert batch.images == [[ref], []]
+    batch.pixels = [torch.ones(1, 3, 2, 2), None]
+    assert batch.select(0, 1).images == [[ref]] and batch.select(1, 2).pixels == [None]
+    assert batch.to("cpu").pixels[0].shape == (1, 3, 2, 2)
+    assert collate([b]).images is None  # no sample has any

@@ -1,0 +1,54 @@
+"""Image inputs of the trainer: the policy class of a vision-language model, and the pixel
+values of a batch rebuilt from its samples' image references (`schemas.media`).
+
+The replicas prefilled each image from its bytes with the model's image processor
+(`workers.llm.replicas.hf_images`); here the same bytes (read from the media store, or inline)
+go through the same processor, so the recomputed logprobs see the pixels the rollout saw.
+An image the store no longer has stops the step with one line (`TrainerError`): training the
+group on its text alone would train another task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.llm.replicas.hf_images import load_model as load_policy
+from workers.media.config import MediaConfig
+from workers.media.exceptions import MediaError
+from workers.media.store import MediaStore, decode_image
+from workers.trainer.batching import TrajectoryBatch
+from workers.trainer.exceptions import TrainerError
+
+__all__ = ["BatchImages", "load_policy"]
+
+
+class BatchImages:
+    """Attach pixel values to batches whose samples carry images."""
+
+    def __init__(self, config: MediaConfig, model_dir: str | Path) -> None:
+        self.store = MediaStore(config.store_dir)
+        self.model_dir = str(model_dir)
+        self._processor: Any = None
+
+    def attach(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """`batch` with `pixels` set (one tensor per sample with images, in prompt order)."""
+        if batch.images is None:
+            return batch
+        if self._processor is None:
+            from transformers import AutoImageProcessor
+
+            self._processor = AutoImageProcessor.from_pretrained(self.model_dir)
+        pixels: list[Any] = []
+        for tid, refs in zip(batch.trajectory_ids, batch.images, strict=True):
+            if not refs:
+                pixels.append(None)
+                continue
+            try:
+                decoded = [decode_image(self.store.get(ref)) for ref in refs]
+            except MediaError as exc:
+                raise TrainerError(f"trajectory {tid}: {exc}") from exc
+            out = self._processor(images=decoded, return_tensors="pt")["pixel_values"]
+            pixels.append(out.float().to(batch["input_ids"].device))
+        batch.pixels = pixels
+        return batch
