@@ -9,11 +9,16 @@ generation slower than training the trainer idles, and lending puts that idle co
 
 Figures per side: `wall_s` (stages launched → the last step), `trainer_idle_share` (1 − the
 steps' summed `step_time_s` over the trainer's time from its start record to its last step),
-`reward first/last/delta` and `learned` (`pipeline.bench.learn.summarize_run`). With lending
+`reward first/last/delta` and `learned` (`pipeline.bench.learn.summarize_run`), `affinity`
+(the CPU lists the trainer's and the replica's threads may run on, read after the first step:
+one entry each shows the pinning held for every thread). With lending
 on also `lent_share`: the pieces the lent engine finished (not aborted) over the samples
 trained, and the lend counters of the last step (`withdrawals`, `tokens_during_steps`, which
 must be 0). `ratio` = `wall_s` off / on (> 1: lending made the run faster); the baseline is
-the run without lending, measured in the same invocation.
+the run without lending, measured in the same invocation. `ignore_eos` 1: every response
+runs to `max_tokens` (the demo's answers end in a few tokens), so generation dominates a step.
+`max_staleness` (the demo's 2 by default): 0 makes the run synchronous (no generation runs
+ahead of the trainer), so the trainer idles for the whole generation of each batch.
 """
 
 from __future__ import annotations
@@ -41,6 +46,21 @@ def _pin(pid: int | None, core: int | None) -> None:
             pass
 
 
+def _affinity(pid: int | None) -> list[str]:
+    """The distinct CPU lists the threads of `pid` may run on (one entry: every thread pinned
+    alike); read while the process runs, so the figure shows the pinning held."""
+    if pid is None:
+        return []
+    lists = set()
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # the thread ended
+            continue
+        lists.update(line.split(":", 1)[1].strip() for line in lines if "Cpus_allowed_list" in line)
+    return sorted(lists)
+
+
 def _records(metrics: Path) -> list[dict[str, Any]]:
     if not metrics.exists():
         return []
@@ -61,6 +81,8 @@ def _side(
     *,
     lend: bool,
     reclaim_ratio: float,
+    ignore_eos: bool,
+    max_staleness: int,
     cores: tuple[int | None, int | None],
     deadline_s: float,
 ) -> dict[str, Any]:
@@ -76,16 +98,24 @@ def _side(
     run_dir = out / name
     shutil.copytree(model, model_dir_in(run_dir))
     prefix = f"lend-{name}-{int(time.time() * 1000) % 10**9}."
-    cfg = demo_config(RunConfig(kafka=kafka), prefix=prefix, run_dir=run_dir, recipe=recipe)
+    cfg = demo_config(
+        RunConfig(kafka=kafka),
+        prefix=prefix,
+        run_dir=run_dir,
+        recipe=recipe,
+        max_staleness=max_staleness,
+    )
     data = cfg.model_dump()
     data["trainer"] = merge(
         data["trainer"], {"lend": {"enable": lend, "reclaim_ratio": reclaim_ratio}}
     )
+    # Every response to max_tokens: generation, not the trainer, sets the pace.
+    data["agent_loop"]["sampling"]["ignore_eos"] = ignore_eos
     cfg = RunConfig(**data)
     create_topics(cfg.kafka, cfg.topics)
     metrics = Path(cfg.trainer.metrics_path)
     try:
-        produce_prompts(cfg, run_dir, recipe)
+        produce_prompts(cfg, run_dir, recipe, max_staleness=max_staleness)
         launched = time.time()
         with LocalPipeline(cfg, run_dir, model_dir=str(model_dir_in(run_dir)), replicas=1) as pipe:
             trainer = pipe.process("train")
@@ -93,7 +123,14 @@ def _side(
             replica = next(p for p in pipe.processes if p.name.startswith("replica"))
             _pin(replica.proc.pid if replica.proc else None, cores[1])
             deadline = time.monotonic() + deadline_s
+            affinity: dict[str, list[str]] = {}
             while trainer.alive and time.monotonic() < deadline:
+                if not affinity and any(r.get("event") == "step" for r in _records(metrics)):
+                    # once the trainer stepped: its threads and the replica's all exist
+                    affinity = {
+                        "trainer": _affinity(trainer.proc.pid if trainer.proc else None),
+                        "replica": _affinity(replica.proc.pid if replica.proc else None),
+                    }
                 for stage in pipe.processes:
                     if stage is not trainer and not stage.alive:
                         pipe.check()
@@ -117,6 +154,7 @@ def _side(
         "reward_last": round(summary["last"], 3),
         "delta": round(summary["delta"], 3),
         "learned": summary["learned"],
+        "affinity": affinity,
     }
     lends = [r for r in rows if r.get("event") == "lend"]
     if lends:
@@ -141,6 +179,8 @@ def run(
     seed: int = 0,
     max_tokens: int = 16,
     reclaim_ratio: float = 0.75,
+    ignore_eos: int = 0,
+    max_staleness: int = 2,
     deadline_s: float = 1200.0,
 ) -> dict[str, Any]:
     from dataclasses import replace
@@ -168,6 +208,8 @@ def run(
                 recipe,
                 lend=lend,
                 reclaim_ratio=reclaim_ratio,
+                ignore_eos=bool(ignore_eos),
+                max_staleness=max_staleness,
                 cores=cores,
                 deadline_s=deadline_s,
             )
@@ -180,6 +222,8 @@ def run(
         "seed": seed,
         "max_tokens": max_tokens,
         "reclaim_ratio": reclaim_ratio,
+        "ignore_eos": bool(ignore_eos),
+        "max_staleness": max_staleness,
         "pinned_cores": {"trainer": cores[0], "replica": cores[1]},
         "wall_s_off": off["wall_s"],
         "wall_s_on": on["wall_s"],
@@ -187,6 +231,7 @@ def run(
         "trainer_idle_share_off": off["trainer_idle_share"],
         "trainer_idle_share_on": on["trainer_idle_share"],
         "lent_share": on.get("lent_share"),
+        "affinity": {"off": off["affinity"], "on": on["affinity"]},
         "learned_off": off["learned"],
         "learned_on": on["learned"],
         "runs": {"off": off, "on": on},

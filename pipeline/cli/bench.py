@@ -304,6 +304,8 @@ BENCHES: tuple[Bench, ...] = (
             "seed": (0, "Seed of the recipe (model, warm start, prompts, trainer)."),
             "max_tokens": 16,
             "reclaim_ratio": (0.75, "trainer.lend.reclaim_ratio of the lent run."),
+            "ignore_eos": (0, "1: every response runs to --max-tokens (rollout-bound)."),
+            "max_staleness": (2, "trainer.max_staleness of both runs (0: synchronous)."),
             "deadline_s": (1200.0, "Seconds each run may take at most."),
         },
         kafka=True,

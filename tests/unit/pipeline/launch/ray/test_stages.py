@@ -67,8 +67,10 @@ def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:
     assert parser.parse_args(["up", "--ray", "10.0.0.1:6379"]).ray == "10.0.0.1:6379"
     down = parser.parse_args(["down", "--ray", "10.0.0.1:6379", "--run", "exp1"])
     assert (down.ray, down.run) == ("10.0.0.1:6379", "exp1")
-    with pytest.raises(SystemExit):
-        parser.parse_args(["up"])  # --ray is the only launcher `up` has
+    local = parser.parse_args(["up", "--steps", "5"])  # without --ray: here, in the foreground
+    assert (local.ray, local.steps, local.timeout) == (None, 5, None)
+    down = parser.parse_args(["down", "--local", "--run-dir", "runs/x"])
+    assert (down.local, down.run_dir) == (True, "runs/x")
 
 
 def test_the_launcher_modules_import_without_ray() -> None:
