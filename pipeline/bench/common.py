@@ -8,6 +8,7 @@ every round's and their spread, `rates` a side's best with every round's and the
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,7 +22,16 @@ from workers.ports import free_port
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
 
-__all__ = ["bench_broker", "interleaved", "paired_ratio", "prompted_run", "rates", "tiny_model"]
+__all__ = [
+    "bench_broker",
+    "cpu_seconds",
+    "interleaved",
+    "paired_ratio",
+    "per_core_rate",
+    "prompted_run",
+    "rates",
+    "tiny_model",
+]
 
 
 @contextmanager
@@ -125,3 +135,32 @@ def rates(name: str, values: list[float], digits: int = 1) -> dict[str, Any]:
         f"{name}_runs": [round(v, digits) for v in values],
         f"{name}_spread": round((best - min(values)) / best, 3) if best else None,
     }
+
+
+# CPU seconds of a process, from the kernel's accounting: what a bench charges a component.
+# Wall-clock rates on a shared machine swing with everyone else's load; the CPU a process used
+# for a piece of work much less, so benches report it beside their rates. Linux only: user +
+# system time of every thread, from /proc/<pid>/stat (fields 14 and 15, in clock ticks), or
+# os.times() for the calling process (psutil reads the same file; no dependency needed).
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of `pid` (all its threads, not its children); of this
+    process if None. `ProcessLookupError` if `pid` is gone."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except FileNotFoundError as exc:
+        raise ProcessLookupError(pid) from exc
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = text[text.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def per_core_rate(units: float, cpu_s: float) -> float:
+    """Units per CPU-second: how many one core of this component sustains (0 if no CPU)."""
+    return units / cpu_s if cpu_s > 0 else 0.0

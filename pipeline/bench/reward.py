@@ -28,6 +28,14 @@ Every rate is measured the same way: from the CreateTime timestamps of the first
 output record ((count − 1) / span), so start-up, group joins and table recovery are
 excluded. `ratio` = stage trajectories/s ÷ (copy messages/s ÷ turns). Also measured:
 math-verify items/s through the scorer pool. Prints nothing itself; returns one dict.
+
+CPU (`cpu_s_per_trajectory`, `common.cpu_seconds`): the stage process's user + system
+seconds from its first output to its last, per trajectory in between; each copy's, in this
+process, from its first acknowledged batch to its last, per trajectory copied in between.
+Wall rates on a shared machine swing with others' load, CPU seconds much less:
+`cpu_ratio_to_decoding_copy` (the decoding copy's CPU per trajectory ÷ the stage's) is the
+same comparison as `ratio_to_decoding_copy` counted in CPU, and `trajectories_per_core_s`
+what one core of each sustains.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipeline.bench.common import cpu_seconds, per_core_rate
 from schemas.codec import encode, headers_for
 from schemas.events import ExtraFields, RewardModelSpec, TurnEvent
 from workers.kafka.config import KafkaConfig, TopicsConfig
@@ -108,9 +117,10 @@ def _rate(timestamps_ms: list[int]) -> float:
     return (len(timestamps_ms) - 1) / max(span, 1e-3)
 
 
-def _await_count(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> None:
+def _await_count(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> int:
     """Wait until `topic` holds `count` records, asking only for its end offsets (a reader
-    of the records would take CPU from the process being measured, on a small machine)."""
+    of the records would take CPU from the process being measured, on a small machine);
+    how many it held then."""
     from kafka import TopicPartition
 
     from workers.kafka.clients import make_consumer
@@ -120,11 +130,13 @@ def _await_count(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> 
     try:
         while time.monotonic() < deadline:
             parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-            if parts and sum(consumer.end_offsets(parts).values()) >= count:
-                return
+            held = sum(consumer.end_offsets(parts).values()) if parts else 0
+            if held >= count:
+                return held
             time.sleep(0.2)
     finally:
         consumer.close()
+    return 0
 
 
 def _timestamps(kafka: KafkaConfig, topic: str, count: int, timeout: float) -> list[int]:
@@ -162,10 +174,12 @@ def _copy_kafka_python(kafka: KafkaConfig, src: str, dst: str, count: int, per_p
 
 async def _copy_aiokafka(
     kafka: KafkaConfig, src: str, dst: str, count: int, per_poll: int, *, decode_each: bool = False
-) -> None:
+) -> tuple[float, int]:
     """Consume `count` messages of `src`, at most `per_poll` at a time, and produce them to
     `dst`; with `decode_each`, each is first decoded through the codec (validated), and its
-    bytes are passed on."""
+    bytes are passed on. The CPU seconds spent after the first batch was acknowledged, and
+    the messages copied in them (the stage's CPU is counted the same way: from its first
+    output on, start-up excluded)."""
     from schemas.codec import decode
     from workers.kafka.clients import make_aio_consumer, make_aio_producer
 
@@ -174,9 +188,11 @@ async def _copy_aiokafka(
     producer = make_aio_producer(kafka, client_id=client_id)
     await consumer.start()
     await producer.start()
-    copied = 0
+    copied, first, cpu = 0, 0, 0.0
     try:
         while copied < count:
+            if not first and copied:
+                first, cpu = copied, cpu_seconds()
             batches = await consumer.getmany(timeout_ms=500, max_records=per_poll)
             futures = []
             for batch in batches.values():
@@ -189,9 +205,11 @@ async def _copy_aiokafka(
                 copied += len(batch)
             if futures:
                 await asyncio.gather(*futures)
+        cpu = cpu_seconds() - cpu
     finally:
         await producer.stop()
         await consumer.stop()
+    return cpu, copied - first
 
 
 async def _math_rate(workers: int, items: int) -> float:
@@ -216,8 +234,10 @@ def _run_stage(
     n: int,
     timeout: float,
     batch_size: int,
-) -> None:
-    """Run the stage until `n` outputs are on `rl.scored` (or `timeout`), then stop it."""
+) -> float:
+    """Run the stage until `n` outputs are on `rl.scored` (or `timeout`), then stop it; its
+    CPU seconds per trajectory from its first output to its last (start-up, group join and
+    table recovery excluded, like the rates)."""
     config = {
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "topics": {"prefix": topics.prefix},
@@ -240,7 +260,10 @@ def _run_stage(
             stderr=subprocess.STDOUT,
         )
     try:
+        first = _await_count(kafka, topics.name("scored"), 1, timeout)
+        cpu = cpu_seconds(proc.pid)
         _await_count(kafka, topics.name("scored"), n, timeout)
+        cpu = cpu_seconds(proc.pid) - cpu
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -248,6 +271,7 @@ def _run_stage(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return cpu / max(n - first, 1)
 
 
 def run(
@@ -285,22 +309,28 @@ def run(
         msgs = len(events)
         admin = _prepare(kafka, [topics, *stage_topics], copies, events)
         try:
+            copy_cpu: dict[bool, list[float]] = {False: [], True: []}  # per trajectory
 
             def copy_aiokafka(dst: str, decode_each: bool = False) -> float:
-                asyncio.run(
+                cpu, copied = asyncio.run(
                     _copy_aiokafka(
                         kafka, topics.name("turns"), dst, msgs, batch_size, decode_each=decode_each
                     )
                 )
+                copy_cpu[decode_each].append(cpu / max(copied / turns, 1))
                 return _rate(_timestamps(kafka, dst, msgs, timeout_s))
 
             # Interleaved, the same number of times each: the machine's noise falls on both.
-            aio_runs, stage_runs, stage_stats = [], [], []
+            aio_runs, stage_runs, stage_stats, stage_cpu = [], [], [], []
             for i, stage_topic in enumerate(stage_topics):
                 aio_runs.append(copy_aiokafka(copies[2 + i]))
                 work = tmp / f"stage-{i}"
                 work.mkdir()
-                _run_stage(kafka, stage_topic, tokenizer, work, trajectories, timeout_s, batch_size)
+                stage_cpu.append(
+                    _run_stage(
+                        kafka, stage_topic, tokenizer, work, trajectories, timeout_s, batch_size
+                    )
+                )
                 outputs = _timestamps(kafka, stage_topic.name("scored"), trajectories, timeout_s)
                 stage_runs.append(_rate(outputs))
                 stage_stats.append((len(outputs), json.loads((work / "stats.json").read_text())))
@@ -315,6 +345,8 @@ def run(
     outputs_count, stats = stage_stats[best_run]
     best = max(kp, aio)
     copy_traj = best / turns
+    # CPU per trajectory: the least of the runs on each side (the same statistic as the rates).
+    cpu_stage, cpu_decoding = min(stage_cpu), min(copy_cpu[True])
     return {
         "trajectories": trajectories,
         "turns_per_trajectory": turns,
@@ -337,6 +369,18 @@ def run(
         "target_ratio": 0.5,
         "copy_decoding_msgs_per_s": round(decoding, 1),
         "ratio_to_decoding_copy": round(stage / (decoding / turns), 3) if decoding else 0.0,
+        "cpu_s_per_trajectory": {
+            "stage": round(cpu_stage, 6),
+            "stage_runs": [round(c, 6) for c in stage_cpu],
+            "copy_aiokafka": round(min(copy_cpu[False]), 6),
+            "copy_decoding": round(cpu_decoding, 6),
+        },
+        "trajectories_per_core_s": {
+            "stage": round(per_core_rate(1, cpu_stage), 1),
+            "copy_decoding": round(per_core_rate(1, cpu_decoding), 1),
+        },
+        # The same comparison in CPU, which the machine's other load moves far less.
+        "cpu_ratio_to_decoding_copy": round(cpu_decoding / cpu_stage, 3) if cpu_stage else 0.0,
         "math_verify_items_per_s": round(math_rate, 1),
         "pool_workers": pool_workers,
         "batch_size": batch_size,

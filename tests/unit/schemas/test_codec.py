@@ -262,3 +262,22 @@ def test_a_policy_version_without_transfer_encodes_as_before_the_field() -> None
     sent = PolicyVersion(version=5, transfer=WeightTransfer(address="10.0.0.1:29500", session="s"))
     back = decode(encode(sent))
     assert back == sent and back.path == "" and back.transfer.backend == "gloo"
+
+
+@pytest.mark.parametrize("event", make_events(), ids=lambda e: type(e).__name__)
+def test_bytes_and_other_buffers_decode_alike(event) -> None:
+    # Whatever buffer the client hands over (aiokafka: bytes; tests and tools: str), the
+    # same event.
+    data = encode(event)
+    assert decode(data) == decode(bytearray(data)) == decode(data.decode()) == event
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_literals_stay_invalid_json(literal) -> None:
+    # orjson rejects them (pydantic-core's own JSON parser would accept them): a decoder
+    # swapped for speed must keep rejecting them.
+    good = encode(make_events()[1])
+    value = good[:-1] + b',"tool_reward":' + literal + b"}"
+    with pytest.raises(DecodeError) as info:
+        decode(value)
+    assert info.value.cause == "json"
