@@ -132,9 +132,13 @@ async def _through_kafka(
     cfg: AgentLoopWorkerConfig,
     tokenizer: Any,
     prompts: list[PromptEvent],
-    reader_cpu: list[float],
-    meter: _Meter,
+    reader_cpu: list[float] | None = None,
+    meter: _Meter | None = None,
 ) -> float:
+    """Seconds for `prompts` through a worker and the broker, read back by a reader process;
+    `meter` (when given) counts the components' CPU over that window and `reader_cpu` gets
+    the reader's (`rollout bench vllm` reuses this without them)."""
+    meter = meter or _Meter({})
     topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
     from pipeline.topics import create_topics, delete_topics
 
@@ -185,7 +189,8 @@ async def _through_kafka(
     out = reader.stdout.read() if reader.stdout is not None else b""
     if reader.returncode != 0:
         raise RuntimeError(f"the turns reader exited {reader.returncode}")
-    reader_cpu.append(json.loads(out)["cpu_s"])
+    if reader_cpu is not None:
+        reader_cpu.append(json.loads(out)["cpu_s"])
     delete_topics(kafka, topics)
     return elapsed
 
