@@ -381,8 +381,9 @@ wait_healthy(sys.argv[1], lambda: os.path.exists(f"/proc/{pid}"), 300.0, interva
   fi
 fi
 # ------------------------------------------------------------------ 6. vision-language (vl)
-# The `vl` preset in vLLM (issue 32): its CPU build here lacks torchvision, which vLLM's LLaVA
-# module imports, so this is the first place it runs (README "Images").
+# The `vl` preset in vLLM (issue 32) on a GPU's kernels: the CPU build serves it through the
+# contract in make test-vllm (tests/vllm/test_images.py); this checks vLLM's offline engine on
+# the GPU against a transformers forward (README "Images").
 if [[ "${VL_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
   log "running ${PYTEST[*]} tests/gpu/test_vl_vllm.py"
   ROLLOUT_VL_MODEL="$WORK/models/vl" \

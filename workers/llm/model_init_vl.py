@@ -10,7 +10,10 @@ Invariants:
   (id 1024, after every id of the text models, so text token ids mean the same); the
   processor (`AutoProcessor`: `LlavaProcessor`, CLIP image processor at 28×28 pixels, patch
   14) expands each `<image>` to `IMAGE_TOKENS` (4) copies, as vLLM does;
-- the weights are a pure function of `seed`; the global torch RNG is left as it was.
+- the weights are a pure function of `seed`; the global torch RNG is left as it was;
+- the vision tower's weights are saved as `vision_tower.vision_model.*` (CLIPVisionModel's
+  own layout, which vLLM 0.32 loads); transformers 5 saves them as `vision_tower.*`, which
+  vLLM refuses ("no module or parameter named 'vision_tower.embeddings'"), and loads both.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ def init_vl_model(out: Path, text_config: dict[str, Any], tokenizer: Any, seed: 
         chat_template=tokenizer.chat_template,
     )
     model.save_pretrained(out, safe_serialization=True)
+    _vision_model_layout(out)
     processor.save_pretrained(out)
     logger.info(
         "wrote vl model seed=%d vocab=%d params=%d to %s",
@@ -98,3 +102,17 @@ def init_vl_model(out: Path, text_config: dict[str, Any], tokenizer: Any, seed: 
         out,
     )
     return out
+
+
+def _vision_model_layout(out: Path) -> None:
+    """Rename the saved `vision_tower.X` weights to `vision_tower.vision_model.X` (module doc)."""
+    from safetensors.torch import load_file, save_file
+
+    prefix, layout = "vision_tower.", "vision_tower.vision_model."
+    for path in sorted(out.glob("*.safetensors")):
+        weights = load_file(path)
+        renamed = {
+            layout + k[len(prefix) :] if k.startswith(prefix) and not k.startswith(layout) else k: v
+            for k, v in weights.items()
+        }
+        save_file(renamed, path, metadata={"format": "pt"})

@@ -63,6 +63,7 @@ class InFlight:
     contract_id: str | None
     upstream_id: str
     task: asyncio.Task[tuple[int, Any]]
+    engine_id: str  # what the server's abort call names it by
 
 
 def error_response(status: int, message: str, err_type: str) -> web.Response:
@@ -93,6 +94,7 @@ class GatedAdapter:
     """Serves the contract on top of one server; a subclass says how to talk to it."""
 
     backend: ClassVar[str]  # the contract's backend name: "vllm", "sglang"
+    takes_images: ClassVar[bool] = False  # whether `_generate` passes a request's images on
 
     def __init__(
         self,
@@ -136,6 +138,10 @@ class GatedAdapter:
 
     def _upstream_id(self, req: CompletionRequest) -> str:
         raise NotImplementedError
+
+    def _engine_id(self, req: CompletionRequest, upstream_id: str) -> str:
+        """The name the server's abort call knows the request by."""
+        return upstream_id
 
     def _generate(
         self, req: CompletionRequest, upstream_id: str
@@ -233,8 +239,8 @@ class GatedAdapter:
             req = CompletionRequest.model_validate(await request.json())
         except ValueError as exc:  # JSON and pydantic validation errors
             return error_response(400, str(exc), "invalid_request_error")
-        if req.images:  # the upstream's token-id completions take no images: never serve
-            # an image prompt on its placeholder tokens alone (issue 32; README "Images")
+        if req.images and not self.takes_images:  # never serve an image prompt on its
+            # placeholder tokens alone (issue 32; README "Images")
             return error_response(
                 400,
                 f"images: the {self.backend} backend does not take images yet; serve a "
@@ -255,7 +261,8 @@ class GatedAdapter:
         version = self.version
         upstream_id = self._upstream_id(req)
         task = asyncio.create_task(self._generate(req, upstream_id))
-        self._inflight[upstream_id] = InFlight(req.request_id, upstream_id, task)
+        engine_id = self._engine_id(req, upstream_id)
+        self._inflight[upstream_id] = InFlight(req.request_id, upstream_id, task, engine_id)
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:

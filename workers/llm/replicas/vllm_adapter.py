@@ -24,13 +24,17 @@ from workers.llm.replicas.exceptions import WeightTransferError
 from workers.llm.replicas.gated_adapter import GatedAdapter, InFlight
 from workers.llm.replicas.upstream import UPSTREAM_ERRORS
 from workers.llm.replicas.vllm_mapping import (
+    GENERATE_PATH,
     VLLMMetrics,
     capacity_from_server_info,
     engine_request_id,
     from_vllm_completion,
+    generate_as_completion,
+    generate_engine_id,
     map_vllm_error,
     parse_vllm_metrics,
     to_vllm_completion,
+    to_vllm_generate,
 )
 from workers.llm.replicas.vllm_upstream import VLLMUpstream
 
@@ -46,6 +50,7 @@ class VLLMAdapter(GatedAdapter):
     """Serves the contract on top of one vLLM server at `upstream_url`."""
 
     backend = "vllm"
+    takes_images = True  # through GENERATE_PATH (vllm_mapping.to_vllm_generate)
     upstream: VLLMUpstream
 
     def __init__(
@@ -77,13 +82,22 @@ class VLLMAdapter(GatedAdapter):
     def _upstream_id(self, req: CompletionRequest) -> str:
         return f"{req.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
 
+    def _engine_id(self, req: CompletionRequest, upstream_id: str) -> str:
+        return generate_engine_id(upstream_id) if req.images else engine_request_id(upstream_id)
+
     def _generate(self, req: CompletionRequest, upstream_id: str) -> Any:
-        body = to_vllm_completion(req, model=self.served_model_name, upstream_id=upstream_id)
+        model = self.served_model_name
+        if req.images:
+            body = to_vllm_generate(req, model=model, upstream_id=upstream_id)
+            return self.upstream.request("POST", GENERATE_PATH, json=body)
+        body = to_vllm_completion(req, model=model, upstream_id=upstream_id)
         return self.upstream.request("POST", "/v1/completions", json=body)
 
     def _answer(
         self, req: CompletionRequest, data: Any, answer: dict[str, Any]
     ) -> CompletionResponse:
+        if req.images:
+            data = generate_as_completion(data)
         return from_vllm_completion(
             data,
             policy_version=answer["policy_version"],
@@ -100,7 +114,7 @@ class VLLMAdapter(GatedAdapter):
         if not live:
             return  # never send an empty list: vLLM reads it as "abort everything"
         try:
-            ids = [engine_request_id(e.upstream_id) for e in live]
+            ids = [e.engine_id for e in live]
             result = await self.upstream.dev("/abort_requests", json={"request_ids": ids})
         except UPSTREAM_ERRORS as exc:
             self.log.warning("vLLM /abort_requests failed (%s); dropping the connections", exc)

@@ -18,6 +18,8 @@ builds it — else this interpreter). The child gets what the contract needs:
 - `--worker-extension-cls workers.llm.replicas.vllm_worker.WeightSync`, the weight loader the
   adapter calls (it fixes vLLM's in-place reload for tied embeddings), importable in the child
   because this checkout's root is put first on its PYTHONPATH;
+- `--enable-scale-out` for a vision-language model (`vision_config` in its config.json): its
+  `/inference/v1/generate` is the route that takes token ids and images together;
 - `--logprobs-mode processed_logprobs`: returned logprobs are those of the distribution the
   token was sampled from (after temperature, top-k/top-p and penalties), which is the behaviour
   policy the trainer's importance weights correct against; vLLM's default, `raw_logprobs`, is
@@ -34,8 +36,10 @@ else is passed through verbatim.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +59,7 @@ __all__ = [
     "build_vllm_env",
     "has_tokenizer",
     "resolve_vllm_python",
+    "takes_images",
 ]
 
 MANAGED_FLAGS: frozenset[str] = frozenset(
@@ -152,6 +157,8 @@ def build_vllm_command(
         cmd.append("--enforce-eager")
     if config.return_routed_experts:
         cmd.append("--enable-return-routed-experts")
+    if takes_images(config.model):
+        cmd.append("--enable-scale-out")  # its token-in generate route is the one with images
     skip = config.skip_tokenizer_init
     if skip is None:
         skip = not has_tokenizer(config.model)
@@ -159,6 +166,16 @@ def build_vllm_command(
         cmd.append("--skip-tokenizer-init")
     cmd.extend(config.extra_args)
     return cmd
+
+
+def takes_images(model_dir: str | Path) -> bool:
+    """Whether the model directory holds a vision-language model (`vision_config` in its
+    config.json); a hub id or an unreadable config counts as no."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
 def cpu_kv_cache_gib(mem_total_bytes: int | None = None) -> int:

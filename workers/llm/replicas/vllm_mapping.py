@@ -62,15 +62,19 @@ from workers.metrics import ReplicaCounters
 
 __all__ = [
     "FINISH_REASONS",
+    "GENERATE_PATH",
     "VLLMMetrics",
     "VLLMUpstreamError",
     "capacity_from_server_info",
     "engine_request_id",
     "from_vllm_completion",
+    "generate_as_completion",
+    "generate_engine_id",
     "map_vllm_error",
     "parse_vllm_metrics",
     "routed_experts_from_vllm",
     "to_vllm_completion",
+    "to_vllm_generate",
 ]
 
 logger = logging.getLogger("rollout.replica.vllm")
@@ -121,6 +125,59 @@ def to_vllm_completion(req: CompletionRequest, *, model: str, upstream_id: str) 
         # The contract only ever returns the sampled tokens' logprobs: 0 asks for exactly that.
         body["logprobs"] = 0
     return body
+
+
+#: The scale-out token-in/token-out endpoint (`vllm serve --enable-scale-out`): the one vLLM 0.32
+#: route that takes token ids *and* images; `/v1/completions` takes no images with token ids.
+GENERATE_PATH = "/inference/v1/generate"
+
+
+def generate_engine_id(upstream_id: str) -> str:
+    """The id vLLM's engine gives a `GENERATE_PATH` request (what `/abort_requests` takes)."""
+    return f"generate-tokens-{upstream_id}"
+
+
+def to_vllm_generate(req: CompletionRequest, *, model: str, upstream_id: str) -> dict[str, Any]:
+    """The `GENERATE_PATH` body for a request with images: the prompt's token ids (each image's
+    placeholder already expanded, as the contract has it) and the images as content parts,
+    `data:` URIs named by their SHA-256 (vLLM's multimodal cache keys on that name)."""
+    completion = to_vllm_completion(req, model=model, upstream_id=upstream_id)
+    params = {
+        key: completion[key]
+        for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
+                    "repetition_penalty", "presence_penalty", "frequency_penalty",
+                    "stop_token_ids", "ignore_eos", "skip_special_tokens", "logprobs")
+        if key in completion
+    }  # fmt: skip
+    parts = []
+    for image in req.images or []:
+        if image.data is None:
+            raise ValueError(f"image {image.sha256[:12]}: no bytes inline (the contract's rule)")
+        url = f"data:{image.mime_type};base64,{image.data}"
+        parts.append({"type": "image_url", "url": url, "uuid": image.sha256})
+    return {
+        "request_id": upstream_id,
+        "model": model,
+        "token_ids": list(req.prompt),
+        "sampling_params": params,
+        "output_mode": "tokens",
+        "content_parts": parts,
+    }
+
+
+def generate_as_completion(body: Any) -> dict[str, Any]:
+    """A `GENERATE_PATH` answer in `/v1/completions`' shape (`from_vllm_completion` maps it):
+    its logprobs are `{"content": [{"token_id", "logprob"}, ...]}`, one per generated token."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("choices"), list):
+        raise VLLMUpstreamError(f"vLLM {GENERATE_PATH} answered without choices: {body!r:.200}")
+    choices = []
+    for choice in body["choices"]:
+        choice = dict(choice)
+        content = (choice.get("logprobs") or {}).get("content")
+        if content is not None:
+            choice["logprobs"] = {"token_logprobs": [c.get("logprob") for c in content]}
+        choices.append(choice)
+    return {**body, "id": body.get("request_id", ""), "choices": choices}
 
 
 def _token_ids(choice: Mapping[str, Any]) -> list[int]:

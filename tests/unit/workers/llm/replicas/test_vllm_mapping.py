@@ -555,3 +555,48 @@ def test_a_pydantic_config_error_names_its_message_on_the_one_line() -> None:
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig: "
         "Model Runner V2 requires Triton."
     )
+
+
+def test_an_image_request_maps_to_the_token_in_generate_route(tmp_path: Path) -> None:
+    from workers.llm.replicas.vllm_config import takes_images
+    from workers.llm.replicas.vllm_mapping import (
+        generate_as_completion,
+        generate_engine_id,
+        to_vllm_generate,
+    )
+
+    ref = {"sha256": "ab" * 32, "mime_type": "image/png", "size": 3, "data": "AAEC"}
+    req = CompletionRequest(
+        prompt=[1, 1024, 1024, 2], max_tokens=4, logprobs=0, seed=3, images=[ref]
+    )
+    body = to_vllm_generate(req, model="vl", upstream_id="u-1")
+    assert body["token_ids"] == [1, 1024, 1024, 2] and body["output_mode"] == "tokens"
+    assert body["content_parts"] == [
+        {"type": "image_url", "url": "data:image/png;base64,AAEC", "uuid": "ab" * 32}
+    ]
+    params = body["sampling_params"]
+    assert (params["max_tokens"], params["logprobs"], params["seed"]) == (4, 0, 3)
+    assert generate_engine_id("u-1") == "generate-tokens-u-1"
+    answer = {
+        "request_id": "generate-tokens-u-1",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"token_id": 7, "logprob": -0.5},
+                                         {"token_id": 8, "logprob": -1.5}]},
+            }
+        ],
+    }  # fmt: skip
+    resp = from_vllm_completion(
+        generate_as_completion(answer), policy_version=2, want_logprobs=True, request_id="r"
+    )
+    assert resp.choices[0].token_ids == [7, 8]
+    assert resp.choices[0].logprobs == {"token_logprobs": [-0.5, -1.5]}
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text('{"vision_config": {"model_type": "clip_vision_model"}}')
+    assert takes_images(vl) and not takes_images(tmp_path / "absent")
+    cmd = build_vllm_command(VLLMReplicaConfig(model=str(vl), port=8000), internal_port=8001)
+    assert "--enable-scale-out" in cmd
