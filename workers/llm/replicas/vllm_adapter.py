@@ -77,7 +77,13 @@ class VLLMAdapter(GatedAdapter):
         self.num_experts = num_experts  # experts per MoE layer when vLLM returns routing
 
     def _refuse(self, req: CompletionRequest) -> str | None:
-        return _NO_ROUTING if req.return_routed_experts and self.num_experts is None else None
+        if req.return_routed_experts and self.num_experts is None:
+            return _NO_ROUTING
+        # Checked here, not when the body is built: that runs after the gate, where a
+        # ValueError would be a 500 with a traceback instead of this 400.
+        if missing := [i.sha256[:12] for i in req.images or [] if i.data is None]:
+            return f"images: {', '.join(missing)} without their bytes inline (the contract's rule)"
+        return None
 
     def _upstream_id(self, req: CompletionRequest) -> str:
         return f"{req.request_id or 'req'}-{uuid.uuid4().hex[:12]}"

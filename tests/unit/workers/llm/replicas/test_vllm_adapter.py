@@ -428,3 +428,14 @@ async def test_routed_experts_pass_through_when_vllm_returns_them() -> None:
     finally:
         await client.close()
         await upstream.close()
+
+
+async def test_an_image_without_its_bytes_is_a_400_before_the_gate() -> None:
+    adapter = VLLMAdapter(upstream_url="http://127.0.0.1:9", replica_id="r", served_model_name="m")
+    ref = {"sha256": "ab" * 32, "mime_type": "image/png", "size": 3}
+    async with TestClient(TestServer(adapter.app())) as client:
+        resp = await client.post(
+            "/v1/completions", json={"prompt": [1, 2], "max_tokens": 1, "images": [ref]}
+        )
+        assert resp.status == 400
+        assert "without their bytes inline" in (await resp.json())["error"]["message"]
