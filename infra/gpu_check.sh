@@ -89,22 +89,58 @@ PY=${PYTHON:-python3}
 
 log() { printf '[gpu_check +%3ss] %s\n' "$(($(date +%s) - START))" "$*"; }
 die() { log "FAILED: $*"; RESULT="failed: $*"; exit 1; }
+# save_logs FILE...: copies logs to $OUT when the device tool gave one.
+save_logs() { if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp -f "$@" "$OUT"/ 2>/dev/null; fi; return 0; }
+# verdict VAR LOG RC: VAR becomes "passed: <pytest's summary>" or "failed: ..."; a skipped test
+# counts as failed, since a check that skipped proved nothing.
+verdict() {
+  local summary
+  summary=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$2" | tail -1 | tr -d '=')
+  if [[ "$3" == 0 ]] && ! grep -q skipped <<<"$summary"; then
+    printf -v "$1" 'passed:%s' "$summary"
+  else
+    printf -v "$1" 'failed: pytest exit %s,%s' "$3" "${summary:- no summary}"
+  fi
+}
+# check VAR NAME TIMEOUT TEST [ENV=VALUE ...]: one test file under `timeout`, with those
+# variables set, its output in $WORK/NAME.log (and $OUT), its verdict in VAR.
+check() {
+  local var=$1 name=$2 limit=$3 test=$4
+  shift 4
+  log "running ${PYTEST[*]} -s $test"
+  env "$@" timeout "$limit" "${PYTEST[@]}" -s "$test" 2>&1 | tee "$WORK/$name.log"
+  verdict "$var" "$WORK/$name.log" "${PIPESTATUS[0]}"
+  log "$name check: ${!var}"
+  save_logs "$WORK/$name.log"
+}
+# stop_replica: SIGTERM (the replica stops its own children), SIGKILL after 45 s.
+stop_replica() {
+  [[ -n "$REPLICA_PID" ]] && kill -0 "$REPLICA_PID" 2>/dev/null || return 0
+  log "stopping the replica (pid $REPLICA_PID); it stops its own children"
+  kill -TERM "$REPLICA_PID" 2>/dev/null
+  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || return 0; sleep 1; done
+  log "replica did not stop; SIGKILL"
+  kill -KILL "$REPLICA_PID" 2>/dev/null
+  return 0
+}
+# healthy URL PID: waits up to 300 s for URL/health while PID lives.
+healthy() {
+  "$PY" -c 'import os, sys, time, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+    try:
+        urllib.request.urlopen(url + "/health", timeout=5).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(2)
+sys.exit(1)' "$1" "$2"
+}
 
 cleanup() {
   local rc=$?
-  if [[ -n "$REPLICA_PID" ]] && kill -0 "$REPLICA_PID" 2>/dev/null; then
-    log "stopping the replica (pid $REPLICA_PID); it stops its own children"
-    kill -TERM "$REPLICA_PID" 2>/dev/null
-    for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
-    if kill -0 "$REPLICA_PID" 2>/dev/null; then
-      log "replica did not stop; SIGKILL"
-      kill -KILL "$REPLICA_PID"
-    fi
-  fi
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    cp -f "$WORK"/replica.log "$WORK"/pytest.log "$WORK"/junit.xml "$WORK"/trainer.log \
-      "$OUT"/ 2>/dev/null
-  fi
+  stop_replica
+  save_logs "$WORK"/replica.log "$WORK"/pytest.log "$WORK"/junit.xml "$WORK"/trainer.log
   echo
   echo "================ gpu_check summary ================"
   echo "backend:   $BACKEND"
@@ -158,16 +194,7 @@ PYTEST=("$PY" -m pytest -m gpu -o addopts="" --noconftest -p no:cacheprovider -v
 
 # ------------------------------------------------------------------ 1b. the trainer on the GPU
 if [[ "${TRAINER_CHECK:-1}" != 0 ]]; then
-  log "running ${PYTEST[*]} tests/gpu/test_trainer_device.py"
-  timeout 300 "${PYTEST[@]}" -s tests/gpu/test_trainer_device.py 2>&1 | tee "$WORK/trainer.log"
-  TRAINER_RC=${PIPESTATUS[0]}
-  TRAINER_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/trainer.log" | tail -1 | tr -d '=')
-  if [[ "$TRAINER_RC" == 0 ]] && ! grep -q skipped <<<"$TRAINER_SUMMARY"; then
-    TRAINER_RESULT="passed:${TRAINER_SUMMARY}"
-  else
-    TRAINER_RESULT="failed: pytest exit $TRAINER_RC,${TRAINER_SUMMARY:- no summary}"
-  fi
-  log "trainer check: $TRAINER_RESULT"
+  check TRAINER_RESULT trainer 300 tests/gpu/test_trainer_device.py
 fi
 if [[ "$BACKEND" == vllm ]] && ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
   die "$PY lacks: vllm (it has to be in the image; see the header of $0)"
@@ -226,24 +253,8 @@ log "starting: ${CMD[*]} (log: $WORK/replica.log)"
 "${CMD[@]}" >"$WORK/replica.log" 2>&1 &
 REPLICA_PID=$!
 URL="http://127.0.0.1:$PORT"
-"$PY" - "$URL" "$REPLICA_PID" <<'EOF' || die "replica did not become healthy within 300 s"
-import json, os, sys, time, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("replica process exited")
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as r:
-            print("  health:", json.loads(r.read()))
-            sys.exit(0)
-    except OSError:
-        time.sleep(2)
-sys.exit(1)
-EOF
-log "replica healthy"
+healthy "$URL" "$REPLICA_PID" || die "replica did not become healthy within 300 s (or exited)"
+log "replica healthy: $(curl -s "$URL/health" 2>/dev/null)"
 
 # ------------------------------------------------------------------ 4. contract tests
 log "running ${PYTEST[*]} tests/gpu/test_replica_contract.py"
@@ -251,33 +262,15 @@ ROLLOUT_REPLICA_URL="$URL" ROLLOUT_MODEL_PATH="$WORK/models/base" \
 ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/alt" \
   timeout 300 "${PYTEST[@]}" --junitxml "$WORK/junit.xml" tests/gpu/test_replica_contract.py \
   2>&1 | tee "$WORK/pytest.log"
-TEST_RC=${PIPESTATUS[0]}
-SUMMARY=$(grep -E '^=+ .*(passed|failed|error).* =+$' "$WORK/pytest.log" | tail -1 | tr -d '=')
-if [[ "$TEST_RC" == 0 ]]; then
-  RESULT="passed:${SUMMARY}"
-  log "contract tests passed"
-else
-  RESULT="failed: pytest exit $TEST_RC,${SUMMARY:- no summary}"
-  exit 1
-fi
+verdict RESULT "$WORK/pytest.log" "${PIPESTATUS[0]}"
+log "contract tests: $RESULT"
+[[ "$RESULT" == passed* ]] || exit 1
 
 # ------------------------------------------------------------------ 4b. weights over NCCL (vllm)
 if [[ "${TRANSFER_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
-  log "running ${PYTEST[*]} tests/gpu/test_weight_transfer.py"
-  ROLLOUT_REPLICA_URL="$URL" ROLLOUT_VLLM_URL="http://127.0.0.1:$((PORT + 1))" \
-  ROLLOUT_MODEL_PATH="$WORK/models/base" ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/alt" \
-    timeout 600 "${PYTEST[@]}" -s tests/gpu/test_weight_transfer.py 2>&1 | tee "$WORK/transfer.log"
-  TRANSFER_RC=${PIPESTATUS[0]}
-  TRANSFER_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/transfer.log" | tail -1 | tr -d '=')
-  if [[ "$TRANSFER_RC" == 0 ]] && ! grep -q skipped <<<"$TRANSFER_SUMMARY"; then
-    TRANSFER_RESULT="passed:${TRANSFER_SUMMARY}"
-  else
-    TRANSFER_RESULT="failed: pytest exit $TRANSFER_RC,${TRANSFER_SUMMARY:- no summary}"
-  fi
-  log "transfer check: $TRANSFER_RESULT"
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    cp -f "$WORK"/transfer.log "$OUT"/ 2>/dev/null
-  fi
+  check TRANSFER_RESULT transfer 600 tests/gpu/test_weight_transfer.py \
+    ROLLOUT_REPLICA_URL="$URL" ROLLOUT_VLLM_URL="http://127.0.0.1:$((PORT + 1))" \
+    ROLLOUT_MODEL_PATH="$WORK/models/base" ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/alt"
 fi
 
 # ------------------------------------------------------------------ 4c. sleep mode (vllm)
@@ -287,9 +280,7 @@ fi
 # the GPU (the contract replica is stopped first), driven by tests/gpu/test_vllm_sleep.py.
 if [[ "${SLEEP_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
   log "stopping the contract replica; starting vLLM with --enable-sleep-mode (log: $WORK/vllm-sleep.log)"
-  kill -TERM "$REPLICA_PID" 2>/dev/null
-  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
-  kill -KILL "$REPLICA_PID" 2>/dev/null
+  stop_replica
   SLEEP_PORT=$((PORT + 2))
   # shellcheck disable=SC2086
   VLLM_SERVER_DEV_MODE=1 "$PY" -m vllm.entrypoints.cli.main serve "$WORK/models/base" \
@@ -297,45 +288,22 @@ if [[ "${SLEEP_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
     --gpu-memory-utilization 0.25 --max-model-len 2048 ${EXTRA_VLLM_ARGS:-} \
     >"$WORK/vllm-sleep.log" 2>&1 &
   REPLICA_PID=$!  # the EXIT trap stops it too
-  if "$PY" -c 'import os, sys, time, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
-    try:
-        urllib.request.urlopen(url + "/health", timeout=5).close()
-        sys.exit(0)
-    except OSError:
-        time.sleep(2)
-sys.exit(1)' "http://127.0.0.1:$SLEEP_PORT" "$REPLICA_PID"; then
-    log "vLLM (sleep mode) healthy; running ${PYTEST[*]} tests/gpu/test_vllm_sleep.py"
-    ROLLOUT_VLLM_SLEEP_URL="http://127.0.0.1:$SLEEP_PORT" \
-      timeout 300 "${PYTEST[@]}" -s tests/gpu/test_vllm_sleep.py 2>&1 | tee "$WORK/sleep.log"
-    SLEEP_RC=${PIPESTATUS[0]}
-    SLEEP_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/sleep.log" | tail -1 | tr -d '=')
-    if [[ "$SLEEP_RC" == 0 ]] && ! grep -q skipped <<<"$SLEEP_SUMMARY"; then
-      SLEEP_RESULT="passed:${SLEEP_SUMMARY}"
-    else
-      SLEEP_RESULT="failed: pytest exit $SLEEP_RC,${SLEEP_SUMMARY:- no summary}"
-    fi
+  if healthy "http://127.0.0.1:$SLEEP_PORT" "$REPLICA_PID"; then
+    check SLEEP_RESULT sleep 300 tests/gpu/test_vllm_sleep.py \
+      ROLLOUT_VLLM_SLEEP_URL="http://127.0.0.1:$SLEEP_PORT"
   else
     tail -n 20 "$WORK/vllm-sleep.log"
     SLEEP_RESULT="failed: vLLM with --enable-sleep-mode did not start (the end of $WORK/vllm-sleep.log above)"
+    log "sleep check: $SLEEP_RESULT"
   fi
-  log "sleep check: $SLEEP_RESULT"
-  kill -TERM "$REPLICA_PID" 2>/dev/null
-  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
-  kill -KILL "$REPLICA_PID" 2>/dev/null
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    cp -f "$WORK"/vllm-sleep.log "$WORK"/sleep.log "$OUT"/ 2>/dev/null
-  fi
+  stop_replica
+  save_logs "$WORK"/vllm-sleep.log
 fi
 
 # ------------------------------------------------------------------ 5. MoE routed experts
 if [[ "${ROUTING_CHECK:-1}" != 0 && ( "$BACKEND" == vllm || "$BACKEND" == hf ) ]]; then
   log "stopping the contract replica; building the moe preset (seeds 0 and 1)"
-  kill -TERM "$REPLICA_PID" 2>/dev/null
-  for _ in $(seq 1 45); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 1; done
-  kill -KILL "$REPLICA_PID" 2>/dev/null
+  stop_replica
   "$PY" - "$WORK/models" <<'EOF' || die "moe model build failed"
 import sys
 from pathlib import Path
@@ -355,63 +323,28 @@ EOF
   log "starting: ${CMD[*]} (log: $WORK/replica-moe.log)"
   "${CMD[@]}" >"$WORK/replica-moe.log" 2>&1 &
   REPLICA_PID=$!
-  if "$PY" -c 'import os, sys
-from pipeline.launch.replicas import wait_healthy
-pid = int(sys.argv[2])
-wait_healthy(sys.argv[1], lambda: os.path.exists(f"/proc/{pid}"), 300.0, interval_s=2.0)' \
-      "$URL" "$REPLICA_PID" 2>>"$WORK/replica-moe.log"; then
-    log "moe replica healthy; running ${PYTEST[*]} tests/gpu/test_routed_experts.py"
-    ROLLOUT_REPLICA_URL="$URL" ROLLOUT_MODEL_PATH="$WORK/models/moe-base" \
-    ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/moe-alt" \
-      timeout 600 "${PYTEST[@]}" tests/gpu/test_routed_experts.py 2>&1 | tee "$WORK/routing.log"
-    ROUTING_RC=${PIPESTATUS[0]}
-    ROUTING_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/routing.log" | tail -1 | tr -d '=')
-    if [[ "$ROUTING_RC" == 0 ]] && ! grep -q skipped <<<"$ROUTING_SUMMARY"; then
-      ROUTING_RESULT="passed:${ROUTING_SUMMARY}"
-    else
-      ROUTING_RESULT="failed: pytest exit $ROUTING_RC,${ROUTING_SUMMARY:- no summary}"
-    fi
+  if healthy "$URL" "$REPLICA_PID"; then
+    check ROUTING_RESULT routing 600 tests/gpu/test_routed_experts.py \
+      ROLLOUT_REPLICA_URL="$URL" ROLLOUT_MODEL_PATH="$WORK/models/moe-base" \
+      ROLLOUT_UPDATE_WEIGHTS_PATH="$WORK/models/moe-alt"
   else
     tail -n 20 "$WORK/replica-moe.log"
     ROUTING_RESULT="failed: the moe replica did not start (the cause: the end of $WORK/replica-moe.log above)"
+    log "routing check: $ROUTING_RESULT"
   fi
-  log "routing check: $ROUTING_RESULT"
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    cp -f "$WORK"/replica-moe.log "$WORK"/routing.log "$OUT"/ 2>/dev/null
-  fi
+  save_logs "$WORK"/replica-moe.log
 fi
 # ------------------------------------------------------------------ 6. vision-language (vl)
 # The `vl` preset in vLLM (issue 32) on a GPU's kernels: the CPU build serves it through the
 # contract in make test-vllm (tests/vllm/test_images.py); this checks vLLM's offline engine on
 # the GPU against a transformers forward (README "Images").
 if [[ "${VL_CHECK:-1}" != 0 && "$BACKEND" == vllm ]]; then
-  log "running ${PYTEST[*]} tests/gpu/test_vl_vllm.py"
-  ROLLOUT_VL_MODEL="$WORK/models/vl" \
-    timeout 600 "${PYTEST[@]}" -s tests/gpu/test_vl_vllm.py 2>&1 | tee "$WORK/vl.log"
-  VL_RC=${PIPESTATUS[0]}
-  VL_SUMMARY=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$WORK/vl.log" | tail -1 | tr -d '=')
-  if [[ "$VL_RC" == 0 ]] && ! grep -q skipped <<<"$VL_SUMMARY"; then
-    VL_RESULT="passed:${VL_SUMMARY}"
-  else
-    VL_RESULT="failed: pytest exit $VL_RC,${VL_SUMMARY:- no summary}"
-  fi
-  log "vl check: $VL_RESULT"
-  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    cp -f "$WORK"/vl.log "$OUT"/ 2>/dev/null
-  fi
+  stop_replica  # the VL check runs vLLM's offline engine, which wants the GPU's memory
+  check VL_RESULT vl 600 tests/gpu/test_vl_vllm.py ROLLOUT_VL_MODEL="$WORK/models/vl"
 fi
 if [[ "${TRAINER_CHECK:-1}" != 0 && "$TRAINER_RESULT" != passed* ]]; then
   exit 1
 fi
-if [[ "${ROUTING_CHECK:-1}" != 0 && "$ROUTING_RESULT" == failed* ]]; then
-  exit 1
-fi
-if [[ "$TRANSFER_RESULT" == failed* ]]; then
-  exit 1
-fi
-if [[ "$SLEEP_RESULT" == failed* ]]; then
-  exit 1
-fi
-if [[ "$VL_RESULT" == failed* ]]; then
-  exit 1
-fi
+for result in "$ROUTING_RESULT" "$TRANSFER_RESULT" "$SLEEP_RESULT" "$VL_RESULT"; do
+  [[ "$result" != failed* ]] || exit 1
+done
