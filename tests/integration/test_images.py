@@ -15,6 +15,7 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -179,10 +180,25 @@ def _groups(kafka_config, topic: str, count: int) -> list[TrainingGroup]:
 def test_image_prompts_flow_to_a_trainer_step_with_the_engines_logprobs(
     kafka_config, kafka_bootstrap, topics_config, vl_model, tmp_path: Path
 ) -> None:
+    image_flow(kafka_config, kafka_bootstrap, topics_config, vl_model, tmp_path)
+
+
+def image_flow(
+    kafka_config,
+    kafka_bootstrap: str,
+    topics_config,
+    vl_model: Path,
+    tmp_path: Path,
+    *,
+    backend: str = "hf",
+    replica_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float = 300.0,
+) -> None:
     """A verl parquet row (`images`) and a JSONL row (`image_url`), the same text and another
-    image, go prompts → turns → scored → replay → one trainer step; the trainer's recomputed
-    logprobs (its own collate, pixels and forward) equal the hf engine's within 1e-4, and the
-    two prompts' logprobs differ."""
+    image, go prompts → turns → scored → replay → one trainer step on `backend`'s replica; the
+    trainer's recomputed logprobs (its own collate, pixels and forward) equal the engine's
+    within 1e-4, and the two prompts' logprobs differ (tests/vllm/test_images.py: on vLLM)."""
     prefix = topics_config.prefix
     store = tmp_path / "store"
     (tmp_path / "blue.png").write_bytes(_png((0, 0, 220)))
@@ -214,6 +230,7 @@ def test_image_prompts_flow_to_a_trainer_step_with_the_engines_logprobs(
                 "n": 2,
                 "commit_interval_s": 0.5,
                 "sampling": {"max_tokens": 6, "temperature": 1.0},
+                "llm": {"no_replica_wait_s": timeout_s},  # vLLM: a minute or more to start
             },
             "reward": {"group_id": f"{prefix}reward", "tokenizer": str(vl_model)},
             "replay": {"group_id": f"{prefix}replay", "n": 2, "batch_within_s": 0.1},
@@ -232,8 +249,16 @@ def test_image_prompts_flow_to_a_trainer_step_with_the_engines_logprobs(
         sent = [producer.produce_file(verl, uid_prefix="verl"), producer.produce_file(jsonl)]
     assert [r.sent for r in sent] == [1, 1], [r.errors for r in sent]
 
-    with LocalPipeline(cfg, tmp_path / "run", model_dir=str(vl_model), replicas=1) as pipe:
-        deadline = time.monotonic() + 300
+    with LocalPipeline(
+        cfg,
+        tmp_path / "run",
+        model_dir=str(vl_model),
+        replicas=1,
+        backend=backend,
+        replica_args=replica_args,
+        extra_env=extra_env,
+    ) as pipe:
+        deadline = time.monotonic() + timeout_s
         while pipe.process("train").proc.poll() is None and time.monotonic() < deadline:
             pipe.check()
             time.sleep(1.0)
@@ -280,3 +305,94 @@ def test_image_prompts_flow_to_a_trainer_step_with_the_engines_logprobs(
     apart = (logits[0] - logits[1]).abs().max().item()
     print(f"another image, same tokens: last-position logits differ by up to {apart:.3g}")
     assert apart > 1e-3
+
+
+def _image_group(
+    policy: Any, processor: Any, uid: str, ref: ImageRef, data: bytes
+) -> TrainingGroup:
+    """A group of two samples on one image prompt, with the policy's own logprobs."""
+    from schemas.events import ExtraFields, ScoredTrajectory
+
+    text = "<|im_start|>user\n<image>What is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+    enc = processor(text=text, images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+    prompt = enc["input_ids"][0].tolist()
+    samples = []
+    for i, response in enumerate(([17, 18, 2], [19, 20, 21, 2])):
+        with torch.no_grad():
+            ids = torch.tensor([prompt + response])
+            logits = policy(input_ids=ids, pixel_values=enc["pixel_values"]).logits[0]
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        samples.append(
+            ScoredTrajectory(
+                uid=uid,
+                trajectory_id=f"{uid}/{i}",
+                sample_index=i,
+                attempt_id=f"{uid}-att-{i}",
+                data_source="test",
+                prompt_ids=prompt,
+                response_ids=response,
+                response_mask=[1] * len(response),
+                response_logprobs=[logp[j, t].item() for j, t in enumerate(response)],
+                num_turns=1,
+                reward_score=float(i),
+                extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
+                images=[ref],
+            )
+        )
+    return TrainingGroup(
+        uid=uid,
+        samples=samples,
+        advantages=[-0.5, 0.5],
+        min_global_steps=0,
+        max_global_steps=0,
+        emitted_at_version=0,
+    )
+
+
+def test_a_group_whose_image_is_gone_is_dead_lettered_and_the_next_trains(
+    kafka_config, topics_config, vl_model, tmp_path: Path
+) -> None:
+    """The trainer meets a group whose image left the store after the rollout: that group is
+    dead-lettered (`image_missing`), the other group trains, and both are consumed."""
+    from transformers import AutoProcessor
+
+    from tests.integration.trainer_helpers import produce
+    from workers.media.store import MediaStore
+    from workers.trainer.checkpoint import load_latest
+    from workers.trainer.config import TrainerConfig
+    from workers.trainer.steplog import effective_steps
+    from workers.trainer.trainer import run_trainer
+
+    store = MediaStore(tmp_path / "store")
+    red, blue = _png((220, 0, 0)), _png((0, 0, 220))
+    gone, kept = store.put(red, "image/png"), store.put(blue, "image/png")
+    policy = load_policy(vl_model, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(vl_model)
+    groups = [
+        _image_group(policy, processor, "gone", gone, red),
+        _image_group(policy, processor, "kept", kept, blue),
+    ]
+    store.path(gone.sha256).unlink()  # after the rollout, before the trainer
+    produce(kafka_config, topics_config.name("replay"), groups)
+    cfg = TrainerConfig.model_validate(
+        {
+            "model_dir": str(vl_model),
+            "checkpoint_dir": str(tmp_path / "ckpt"),
+            "group_id": f"trainer-{tmp_path.name}",
+            "train_batch_size": 1,  # the dead letter does not hold the batch back
+            "torch_threads": 1,
+            "idle_timeout_s": 2.0,  # stop once both groups are consumed, in either order
+            "poll_timeout_s": 0.2,
+            "media": {"store_dir": str(tmp_path / "store")},
+        }
+    )
+    result = run_trainer(kafka_config, topics_config, cfg)
+    assert result.version == 1 and result.stopped_by == "idle", result
+    (letter,) = _letters(kafka_config, topics_config.name("dlq"), 1)
+    assert (letter.stage, letter.error_cause, letter.key) == ("trainer", "image_missing", b"gone")
+    assert gone.sha256[:12] in letter.error_message
+    steps = effective_steps(cfg.metrics_path)
+    assert [s["uids"] for s in steps.values()] == [["kept"]]
+    latest = load_latest(cfg.checkpoint_dir)
+    assert latest is not None and sum(latest.state.positions.values()) == 2
+    assert (latest.state.groups_trained, latest.state.groups_dead_lettered) == (1, 1)

@@ -9,7 +9,10 @@ Invariants:
 - the tokenizer is the project's (`build_tokenizer`) plus one added special token `<image>`
   (id 1024, after every id of the text models, so text token ids mean the same); the
   processor (`AutoProcessor`: `LlavaProcessor`, CLIP image processor at 28×28 pixels, patch
-  14) expands each `<image>` to `IMAGE_TOKENS` (4) copies, as vLLM does;
+  14) expands each `<image>` to `IMAGE_TOKENS` (4) copies, as vLLM does (vLLM expands a
+  token-in prompt's `<image>` itself, so its adapter sends one per image:
+  `vllm_mapping.collapse_image_placeholders`; both engines then compute the same logprobs,
+  within 1e-6 in fp32, tests/vllm/test_images.py);
 - the weights are a pure function of `seed`; the global torch RNG is left as it was;
 - the vision tower's weights are saved as `vision_tower.vision_model.*` (CLIPVisionModel's
   own layout, which vLLM 0.32 loads); transformers 5 saves them as `vision_tower.*`, which

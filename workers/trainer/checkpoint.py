@@ -61,12 +61,13 @@ class TrainerState:
     """What a restarted trainer needs besides the weights (JSON in `trainer_state.json`)."""
 
     version: int = 0
-    groups_consumed: int = 0  # trained + dropped as stale + skipped as duplicates
+    groups_consumed: int = 0  # trained + stale + duplicates + dead-lettered
     samples_consumed: int = 0
     groups_trained: int = 0
     samples_trained: int = 0
     groups_stale: int = 0
     groups_duplicate: int = 0
+    groups_dead_lettered: int = 0  # could not train (an image gone from the media store)
     positions: dict[str, int] = field(default_factory=dict)
     recent_groups: list[str] = field(default_factory=list)  # dedup keys, oldest first
     source_model: str = ""

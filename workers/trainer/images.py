@@ -4,8 +4,10 @@ values of a batch rebuilt from its samples' image references (`schemas.media`).
 The replicas prefilled each image from its bytes with the model's image processor
 (`workers.llm.replicas.hf_images`); here the same bytes (read from the media store, or inline)
 go through the same processor, so the recomputed logprobs see the pixels the rollout saw.
-An image the store no longer has stops the step with one line (`TrainerError`): training the
-group on its text alone would train another task.
+A group whose image the store no longer has (or cannot be decoded) is dead-lettered as it is
+collected (`BatchImages.check`, cause `image_missing` / `image_unreadable` / ...), and the rest
+of the batch trains: training it on its text alone would train another task. One gone between
+that check and the step (a race) still stops the step with one line (`TrainerError`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from schemas.events import TrainingGroup
 from workers.llm.replicas.hf_images import load_model as load_policy
 from workers.media.config import MediaConfig
 from workers.media.exceptions import MediaError
@@ -30,6 +33,21 @@ class BatchImages:
         self.store = MediaStore(config.store_dir)
         self.model_dir = str(model_dir)
         self._processor: Any = None
+
+    def check(self, group: TrainingGroup) -> MediaError | None:
+        """Why `group` cannot train (an image missing from the store, unreadable, not an
+        image), or None when every image of its samples reads and decodes."""
+        seen: set[str] = set()
+        for sample in group.samples:
+            for ref in sample.images or []:
+                if ref.sha256 in seen:
+                    continue
+                seen.add(ref.sha256)
+                try:
+                    decode_image(self.store.get(ref))
+                except MediaError as exc:
+                    return exc
+        return None
 
     def attach(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """`batch` with `pixels` set (one tensor per sample with images, in prompt order)."""

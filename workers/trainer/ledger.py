@@ -1,8 +1,10 @@
 """Bookkeeping of what the trainer has consumed: the batch being collected, and dedup keys.
 
 Every record the trainer takes from the replay topic becomes an `Entry` of the `Pending`
-batch: `train` (goes into the next step), `stale` (sent to the stale topic) or `duplicate`
-(already trained; skipped). Nothing is applied to the `TrainerState` until it is settled:
+batch: `train` (goes into the next step), `stale` (sent to the stale topic), `duplicate`
+(already trained; skipped) or `dead_letter` (cannot train, e.g. its image is gone from the
+media store; sent to the dead-letter topic). Nothing is applied to the `TrainerState` until
+it is settled:
 
 - a completed step settles every entry, with the consumer's positions after them;
 - `Pending.settle_drops` settles only dropped entries that lie *before* the first pending
@@ -26,7 +28,7 @@ from workers.trainer.consumer import Item, position_key
 
 __all__ = ["DedupWindow", "Entry", "Pending", "apply_entries", "dedup_key"]
 
-Kind = Literal["train", "stale", "duplicate"]
+Kind = Literal["train", "stale", "duplicate", "dead_letter"]
 
 
 def dedup_key(group: TrainingGroup) -> str:
@@ -103,6 +105,8 @@ def apply_entries(state: TrainerState, entries: Iterable[Entry], positions: dict
             state.samples_trained += e.samples
         elif e.kind == "stale":
             state.groups_stale += 1
+        elif e.kind == "dead_letter":
+            state.groups_dead_lettered += 1
         else:
             state.groups_duplicate += 1
     state.positions = dict(positions)

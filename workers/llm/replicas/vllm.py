@@ -29,6 +29,7 @@ from workers.llm.replicas.vllm_config import (
     VLLMReplicaConfig,
     build_vllm_command,
     build_vllm_env,
+    image_token_id,
     resolve_vllm_python,
 )
 from workers.llm.replicas.vllm_output import root_cause
@@ -91,6 +92,7 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         num_experts=num_experts,
         await_weights=config.await_weights,
         receivers=config.world_size,
+        image_token_id=image_token_id(config.model),
     )
     return await run_behind_adapter(
         adapter,

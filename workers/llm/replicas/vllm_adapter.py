@@ -27,6 +27,7 @@ from workers.llm.replicas.vllm_mapping import (
     GENERATE_PATH,
     VLLMMetrics,
     capacity_from_server_info,
+    collapse_image_placeholders,
     engine_request_id,
     from_vllm_completion,
     generate_as_completion,
@@ -64,6 +65,7 @@ class VLLMAdapter(GatedAdapter):
         num_experts: int | None = None,
         await_weights: bool = False,
         receivers: int = 1,
+        image_token_id: int | None = None,
     ) -> None:
         super().__init__(
             VLLMUpstream(upstream_url),
@@ -75,6 +77,9 @@ class VLLMAdapter(GatedAdapter):
             receivers=receivers,
         )
         self.num_experts = num_experts  # experts per MoE layer when vLLM returns routing
+        # The model's image placeholder: vLLM expands it itself, so each expanded run goes
+        # back to one (vllm_mapping.collapse_image_placeholders).
+        self.image_token_id = image_token_id
 
     def _refuse(self, req: CompletionRequest) -> str | None:
         if req.return_routed_experts and self.num_experts is None:
@@ -83,6 +88,11 @@ class VLLMAdapter(GatedAdapter):
         # ValueError would be a 500 with a traceback instead of this 400.
         if missing := [i.sha256[:12] for i in req.images or [] if i.data is None]:
             return f"images: {', '.join(missing)} without their bytes inline (the contract's rule)"
+        if req.images and self.image_token_id is not None:
+            try:
+                collapse_image_placeholders(req.prompt, self.image_token_id, len(req.images))
+            except ValueError as exc:
+                return str(exc)
         return None
 
     def _upstream_id(self, req: CompletionRequest) -> str:
@@ -94,7 +104,9 @@ class VLLMAdapter(GatedAdapter):
     def _generate(self, req: CompletionRequest, upstream_id: str) -> Any:
         model = self.served_model_name
         if req.images:
-            body = to_vllm_generate(req, model=model, upstream_id=upstream_id)
+            body = to_vllm_generate(
+                req, model=model, upstream_id=upstream_id, image_token_id=self.image_token_id
+            )
             return self.upstream.request("POST", GENERATE_PATH, json=body)
         body = to_vllm_completion(req, model=model, upstream_id=upstream_id)
         return self.upstream.request("POST", "/v1/completions", json=body)

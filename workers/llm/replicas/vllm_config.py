@@ -58,6 +58,7 @@ __all__ = [
     "build_vllm_command",
     "build_vllm_env",
     "has_tokenizer",
+    "image_token_id",
     "resolve_vllm_python",
     "takes_images",
 ]
@@ -176,6 +177,21 @@ def takes_images(model_dir: str | Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def image_token_id(model_dir: str | Path) -> int | None:
+    """The image placeholder's token id of a vision-language model directory
+    (`image_token_index`, or `image_token_id` as newer configs spell it); None for a text model,
+    a hub id or an unreadable config. The adapter cuts each image's expanded run of it back to
+    one before vLLM (`vllm_mapping.collapse_image_placeholders`)."""
+    if not takes_images(model_dir):
+        return None
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for key in ("image_token_index", "image_token_id"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def cpu_kv_cache_gib(mem_total_bytes: int | None = None) -> int:

@@ -27,6 +27,12 @@ What vLLM does, and where it was read (vLLM main, 2025-2026):
   sampled token was never fed. Null when the request was aborted before any forward pass or the
   server flag is off. Every request gets it once the flag is on (there is no per-request switch
   but `routed_experts_prompt_start`, left at 0 here: positions from 0, as the contract has them).
+- `POST /inference/v1/generate` (`GENERATE_PATH`): vLLM's multimodal processor applies its
+  prompt updates to the token ids it is given, always: a LLaVA `<image>` token is replaced by
+  the image's feature count of copies, so ids that already hold the expanded run get it expanded
+  again (4 copies become 4 image features + 3 text `<image>` embeddings, positions shifted; the
+  logprobs then differ from the trainer's by up to 0.1). `to_vllm_generate` sends one
+  placeholder per image (`collapse_image_placeholders`).
 - `GET /server_info?config_format=json` (dev mode, vllm/entrypoints/serve/dev/server_info):
   `{"vllm_config": {...}}`, the resolved config, where `scheduler_config.max_num_seqs` is what
   one data-parallel rank runs at once (its default depends on the platform: 128 on CPU) and
@@ -66,6 +72,7 @@ __all__ = [
     "VLLMMetrics",
     "VLLMUpstreamError",
     "capacity_from_server_info",
+    "collapse_image_placeholders",
     "engine_request_id",
     "from_vllm_completion",
     "generate_as_completion",
@@ -137,10 +144,45 @@ def generate_engine_id(upstream_id: str) -> str:
     return f"generate-tokens-{upstream_id}"
 
 
-def to_vllm_generate(req: CompletionRequest, *, model: str, upstream_id: str) -> dict[str, Any]:
-    """The `GENERATE_PATH` body for a request with images: the prompt's token ids (each image's
-    placeholder already expanded, as the contract has it) and the images as content parts,
-    `data:` URIs named by their SHA-256 (vLLM's multimodal cache keys on that name)."""
+def collapse_image_placeholders(prompt: list[int], image_token_id: int, images: int) -> list[int]:
+    """`prompt` with each image's run of `image_token_id` copies (the contract's expanded form)
+    cut to the one placeholder vLLM expands itself (module doc). Every image has the same count
+    (LLaVA's fixed feature count): placeholders ÷ images. ValueError when that does not divide
+    or a run is no whole number of images."""
+    total = sum(1 for t in prompt if t == image_token_id)
+    if images < 1 or total == 0 or total % images:
+        raise ValueError(
+            f"images: {images} image(s) but {total} image placeholder token(s) "
+            f"(id {image_token_id}) in the prompt, not the same count for each"
+        )
+    per_image = total // images
+    out: list[int] = []
+    run = 0
+    for token in [*prompt, None]:
+        if token == image_token_id:
+            run += 1
+            continue
+        if run:
+            if run % per_image:
+                raise ValueError(
+                    f"images: a run of {run} image placeholder tokens is no whole number of "
+                    f"images of {per_image} tokens each"
+                )
+            out.extend([image_token_id] * (run // per_image))
+            run = 0
+        if token is not None:
+            out.append(token)
+    return out
+
+
+def to_vllm_generate(
+    req: CompletionRequest, *, model: str, upstream_id: str, image_token_id: int | None = None
+) -> dict[str, Any]:
+    """The `GENERATE_PATH` body for a request with images: the prompt's token ids, each image's
+    expanded placeholder run cut back to one `image_token_id` (vLLM expands it again; module
+    doc) when that id is given, and the images as content parts, `data:` URIs named by their
+    SHA-256 (vLLM's multimodal cache keys on that name). ValueError on placeholders that do not
+    match the images (`collapse_image_placeholders`)."""
     completion = to_vllm_completion(req, model=model, upstream_id=upstream_id)
     params = {
         key: completion[key]
@@ -155,10 +197,13 @@ def to_vllm_generate(req: CompletionRequest, *, model: str, upstream_id: str) ->
             raise ValueError(f"image {image.sha256[:12]}: no bytes inline (the contract's rule)")
         url = f"data:{image.mime_type};base64,{image.data}"
         parts.append({"type": "image_url", "url": url, "uuid": image.sha256})
+    prompt = list(req.prompt)
+    if image_token_id is not None:
+        prompt = collapse_image_placeholders(prompt, image_token_id, len(parts))
     return {
         "request_id": upstream_id,
         "model": model,
-        "token_ids": list(req.prompt),
+        "token_ids": prompt,
         "sampling_params": params,
         "output_mode": "tokens",
         "content_parts": parts,

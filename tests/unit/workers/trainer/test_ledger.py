@@ -47,6 +47,17 @@ def test_settle_drops_never_covers_a_pending_train_entry() -> None:
     assert state.groups_trained == 1 and state.groups_consumed == 4
 
 
+def test_a_dead_lettered_group_is_consumed_and_counted_apart() -> None:
+    pending = Pending()
+    pending.add(_item(0, 3), "dead_letter", "gone")
+    pending.add(_item(0, 4), "train", "kept")
+    assert pending.drop_count() == 1 and [i.offset for i in pending.train] == [4]
+    state = TrainerState()
+    apply_entries(state, pending.entries, {"rl.replay:0": 5})
+    assert (state.groups_consumed, state.groups_trained, state.groups_dead_lettered) == (2, 1, 1)
+    assert state.groups_stale == 0 and state.groups_duplicate == 0
+
+
 def test_dedup_window_forgets_the_oldest() -> None:
     window = DedupWindow(["a", "b"], size=3)
     window.add(["c", "d"])

@@ -439,3 +439,17 @@ async def test_an_image_without_its_bytes_is_a_400_before_the_gate() -> None:
         )
         assert resp.status == 400
         assert "without their bytes inline" in (await resp.json())["error"]["message"]
+
+
+async def test_image_placeholders_that_do_not_match_the_images_are_a_400() -> None:
+    adapter = VLLMAdapter(
+        upstream_url="http://127.0.0.1:9", replica_id="r", served_model_name="m",
+        image_token_id=1024,
+    )  # fmt: skip
+    ref = {"sha256": "ab" * 32, "mime_type": "image/png", "size": 3, "data": "AAEC"}
+    async with TestClient(TestServer(adapter.app())) as client:
+        resp = await client.post(
+            "/v1/completions", json={"prompt": [1, 2], "max_tokens": 1, "images": [ref]}
+        )
+        assert resp.status == 400
+        assert "1 image(s) but 0 image placeholder" in (await resp.json())["error"]["message"]

@@ -600,3 +600,34 @@ def test_an_image_request_maps_to_the_token_in_generate_route(tmp_path: Path) ->
     assert takes_images(vl) and not takes_images(tmp_path / "absent")
     cmd = build_vllm_command(VLLMReplicaConfig(model=str(vl), port=8000), internal_port=8001)
     assert "--enable-scale-out" in cmd
+
+
+def test_each_images_expanded_placeholders_go_to_vllm_as_one(tmp_path: Path) -> None:
+    # vLLM expands a token-in prompt's placeholder itself; an expanded run sent as is would be
+    # expanded again (4 -> 4 image features + 3 text embeddings), so the adapter cuts it back.
+    from workers.llm.replicas.vllm_config import image_token_id
+    from workers.llm.replicas.vllm_mapping import collapse_image_placeholders, to_vllm_generate
+
+    img = 1024
+    assert collapse_image_placeholders([1, img, img, img, img, 2], img, 1) == [1, img, 2]
+    # Two images side by side are one run of 8: two placeholders, not one.
+    assert collapse_image_placeholders([img] * 8 + [5], img, 2) == [img, img, 5]
+    assert collapse_image_placeholders([img] * 4 + [5] + [img] * 4, img, 2) == [img, 5, img]
+    with pytest.raises(ValueError, match="2 image\\(s\\) but 3 image placeholder"):
+        collapse_image_placeholders([img, img, img], img, 2)
+    with pytest.raises(ValueError, match="run of 1 image placeholder"):
+        collapse_image_placeholders([img, 5, img, img, img], img, 2)
+    with pytest.raises(ValueError, match="1 image\\(s\\) but 0"):
+        collapse_image_placeholders([1, 2], img, 1)
+    ref = {"sha256": "ab" * 32, "mime_type": "image/png", "size": 3, "data": "AAEC"}
+    req = CompletionRequest(prompt=[1, img, img, 2], max_tokens=4, logprobs=0, images=[ref])
+    body = to_vllm_generate(req, model="vl", upstream_id="u-1", image_token_id=img)
+    assert body["token_ids"] == [1, img, 2]
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text('{"vision_config": {}, "image_token_index": 1024}')
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "config.json").write_text('{"image_token_index": 7}')
+    assert image_token_id(vl) == 1024
+    assert image_token_id(text) is None and image_token_id(tmp_path / "absent") is None
