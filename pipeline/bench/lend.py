@@ -13,7 +13,8 @@ steps' summed `step_time_s` over the trainer's time from its start record to its
 (the CPU lists the trainer's and the replica's threads may run on, read after the first step:
 one entry each shows the pinning held for every thread). With lending
 on also `lent_share`: the pieces the lent engine finished (not aborted) over the samples
-trained, and the lend counters of the last step (`withdrawals`, `tokens_during_steps`, which
+trained, and the lend counters of the last step (`lends`, `declined`: collections that found
+their groups already waiting and did not lend, `withdrawals`, `tokens_during_steps`, which
 must be 0). `ratio` = `wall_s` off / on (> 1: lending made the run faster); the baseline is
 the run without lending, measured in the same invocation. `ignore_eos` 1: every response
 runs to `max_tokens` (the demo's answers end in a few tokens), so generation dominates a step.
@@ -165,6 +166,7 @@ def _side(
             lent_finished=last["finished"],
             lent_completions=last["completions"],
             lends=last["lends"],
+            declined=last.get("declined", 0),
             withdrawals=last["withdrawals"],
             tokens_during_steps=last["tokens_during_steps"],
             running_at_steps=last["running_at_steps"],

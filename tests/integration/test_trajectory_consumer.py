@@ -75,6 +75,19 @@ def test_batches_positions_seek_and_commit(
         assert all(isinstance(e, TrainingGroup) for e in events)
 
 
+def test_backlog_counts_the_records_not_handed_out_yet(
+    kafka_config: KafkaConfig, topics_config: TopicsConfig, unique: object
+) -> None:
+    with TrajectoryConsumer(
+        kafka_config, topics_config, topic="replay", group_id=None, assign=True
+    ) as src:
+        assert src.backlog() == 0
+        produce(kafka_config, topics_config.name("replay"), [_group(f"b{i}") for i in range(5)])
+        assert src.backlog() == 5  # all still on the broker
+        assert len(src.take(2, timeout_s=10.0)) == 2
+        assert src.backlog() == 3  # the rest, buffered here or on the broker alike
+
+
 def test_scored_items_grpo_advantages_and_dead_letters(
     kafka_config: KafkaConfig, topics_config: TopicsConfig
 ) -> None:

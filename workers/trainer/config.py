@@ -75,7 +75,16 @@ class LendConfig(BaseModel):
         description="URL announced on `rl.replicas` (another node's routers reach it there); "
         "empty: http://host:port, loopback when host is 0.0.0.0.",
     )
-    max_batch: int = Field(default=16, ge=1, le=1024, description="Sequences it runs at once.")
+    # As large as a standalone `hf` replica (`replica serve --max-batch`, 64): the routers'
+    # `load` routing shares requests in proportion to the capacities the replicas report, so
+    # at 16 the lent engine drew a fifth of a batch beside one replica (issue 30), however fast.
+    max_batch: int = Field(
+        default=64,
+        ge=1,
+        le=1024,
+        description="Sequences it runs at once; also the capacity it reports, by which the "
+        "routers (`routing: load`) share requests between it and the replicas.",
+    )
 
 
 class TrainerConfig(BaseModel):

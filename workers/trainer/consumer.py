@@ -246,6 +246,23 @@ class TrajectoryConsumer:
             for tp, off in self._positions.items()
         }
 
+    def backlog(self) -> int:
+        """Records not handed out yet: buffered here or still on the broker, from each
+        partition's position to its end offset (one request to the broker). A count to decide
+        by (a lending trainer: `workers.trainer.lend`), not a guarantee: a broker that does not
+        answer gives what is buffered."""
+        self._check_open()
+        if not self._positions:
+            return len(self._buffer)
+        try:
+            ends = self._consumer.end_offsets(list(self._positions))
+        except KafkaError as exc:
+            log.debug(
+                "end offsets of %s not read (%s): backlog is what is buffered", self.topic, exc
+            )
+            return len(self._buffer)
+        return sum(max(0, int(ends.get(tp, off)) - off) for tp, off in self._positions.items())
+
     def seek(self, positions: Mapping[str, int]) -> None:
         """Continue each partition at its offset (now if assigned, else once it is)."""
         self._check_open()

@@ -2,12 +2,20 @@
 
 `Lender` runs an `hf` replica (`workers.llm.replicas.hf`) on the trainer's own model object
 (no copy, no weight sync: the replica's version *is* the trainer's) in a thread of the trainer
-process, with its own asyncio loop. The trainer calls `tend(ready, version)` while it collects
-a batch and `training()` around each optimiser step:
+process, with its own asyncio loop. The trainer calls `tend(ready, version, queued)` right
+after each step (before it publishes the new version) and while it collects a batch, and
+`training()` around each optimiser step:
 
-- `tend` lends while fewer than `reclaim_ratio * train_batch_size` groups are ready: the engine
-  is told the trainer's version (prefix cache dropped: the weights changed in place), resumed,
-  and a `ReplicaInfo` is published on `rl.replicas` (acknowledged), so the routers add it.
+- `tend` lends while fewer than `reclaim_ratio * train_batch_size` groups are ready, counting
+  those already waiting on the replay topic (`queued`, asked only when a lend is in question):
+  with enough waiting the trainer does not wait, and a lend shorter than the routers take to
+  add it (their `rl.replicas` follower: ~0.1-0.5 s) serves nothing; requests that reach it
+  after the withdrawal get 503s (`lend_action`). Lending means: the engine is told the
+  trainer's version (prefix cache dropped: the weights changed in place), resumed, and a
+  `ReplicaInfo` is published on `rl.replicas` (acknowledged), so the routers add it. The
+  trainer tends right after a step, before it publishes the version: the routers add the
+  lent engine while the replicas load the new weights, so it is routable when the staleness
+  gate admits the batch that version frees (with `max_staleness` 0, the whole batch at once).
 - Once that many groups are ready (and always before a step) it *withdraws*: a tombstone on
   `rl.replicas` (acknowledged; the routers drop the id atomically), then the replica answers
   503 to completions and `/health` (a sticky client that resumes there fails over and drops
@@ -21,7 +29,8 @@ a batch and `training()` around each optimiser step:
   The engine thread runs under `torch.inference_mode`, so its forwards record no graph.
 
 Counters (`counters()`, also written to the step log as `event: lend` after every step):
-`lends`, `withdrawals`, `completions` answered (`finished`: those not aborted),
+`lends`, `withdrawals`, `declined` (collections that did not lend: enough groups waiting),
+`completions` answered (`finished`: those not aborted),
 `generated_tokens`, `tokens_during_steps`
 (must stay 0), `running_at_steps` (rows on the engine when a step started; must stay 0),
 `aborted_with_tokens` ([request id, version] of the pieces withdrawals aborted after they had
@@ -42,7 +51,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from kafka.errors import KafkaError
@@ -53,7 +62,7 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.config import LENT_REPLICA_PREFIX, LendConfig
 from workers.trainer.exceptions import TrainerError
 
-__all__ = ["LendState", "Lender", "LendingError", "reclaim_threshold"]
+__all__ = ["LendState", "Lender", "LendingError", "lend_action", "reclaim_threshold"]
 
 log = logging.getLogger("rollout.trainer.lend")
 
@@ -76,6 +85,19 @@ def reclaim_threshold(ratio: float, train_batch_size: int) -> int:
     return min(train_batch_size, max(1, math.ceil(ratio * train_batch_size - 1e-9)))
 
 
+def lend_action(
+    ready: int, queued: Callable[[], int], threshold: int, *, lent: bool
+) -> Literal["lend", "withdraw", "decline"] | None:
+    """What `tend` does with `ready` groups collected: withdraw once they reach `threshold`;
+    while withdrawn, lend unless the groups already waiting on the topic (`queued()`, asked
+    only then) would reach it too (`decline`); None: nothing to do."""
+    if ready >= threshold:
+        return "withdraw" if lent else None
+    if lent:
+        return None
+    return "lend" if ready + queued() < threshold else "decline"
+
+
 class Lender:
     """The trainer's lent replica; see the module docstring."""
 
@@ -96,7 +118,8 @@ class Lender:
         self.model, self.model_dir, self.threads = model, model_dir, threads
         self.threshold = reclaim_threshold(config.reclaim_ratio, train_batch_size)
         self.state = LendState.WITHDRAWN
-        self.counts = {"lends": 0, "withdrawals": 0, "tokens_during_steps": 0}
+        self.counts = {"lends": 0, "withdrawals": 0, "declined": 0, "tokens_during_steps": 0}
+        self._declined_at = -1  # the version a collection last declined to lend at
         self.counts["running_at_steps"] = 0
         self.counts["finished"] = 0  # pieces that ended here (stop or length), not aborted
         self.resumed: list[tuple[str, int]] = []  # aborted pieces with tokens, not yet reported
@@ -111,12 +134,18 @@ class Lender:
 
     # --- the trainer's side -------------------------------------------------------------
 
-    def tend(self, ready: int, version: int) -> None:
-        """Lend while fewer than `threshold` groups are `ready`; withdraw once enough are."""
-        if ready >= self.threshold:
+    def tend(self, ready: int, version: int, queued: Callable[[], int] = lambda: 0) -> None:
+        """Lend while fewer than `threshold` groups are `ready`, even with the `queued` ones
+        (groups on the topic not collected yet); withdraw once enough are ready."""
+        action = lend_action(ready, queued, self.threshold, lent=self.state is LendState.LENT)
+        if action == "withdraw":
             self.withdraw()
-        elif self.state is LendState.WITHDRAWN:
+        elif action == "lend":
             self.lend(version)
+        elif action == "decline" and self._declined_at != version:
+            self._declined_at = version  # counted once per collection, asked per group
+            self.counts["declined"] += 1
+            log.debug("not lent at version %d: enough groups are waiting", version)
 
     def lend(self, version: int) -> None:
         """Serve generation at `version` (the trainer's weights as they are now)."""

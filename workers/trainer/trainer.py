@@ -21,6 +21,9 @@ Guarantees:
   are trained again from the checkpoint's weights (`metrics.effective_steps` rebuilds the
   effective history from the step log). A batch being collected when the trainer stops is
   never trained and never covered by a checkpoint.
+- A group that cannot train (an image gone from the media store, or one that does not decode:
+  `images.BatchImages.check`) is dead-lettered with its cause (`image_missing`, ...) as it is
+  collected, and the batch fills with the next groups.
 - Stale groups are acknowledged by the broker before any checkpoint covers their offsets.
   Drops (stale, duplicate) that precede a half-collected batch are persisted when the topic
   goes quiet or the trainer stops (`ledger.Pending.settle_drops`): a full checkpoint if
@@ -71,7 +74,9 @@ from workers.trainer.steplog import StepLog, staleness_histogram
 from workers.transfer.config import WeightTransferConfig
 
 if TYPE_CHECKING:
+    from workers.kafka.dlq import KafkaDeadLetters
     from workers.trainer.broadcast import BroadcastPublisher
+    from workers.trainer.images import BatchImages
     from workers.trainer.lend import Lender
 
 __all__ = ["Trainer", "TrainerResult", "run_trainer"]
@@ -112,6 +117,8 @@ class Trainer:
         self.transfer = transfer or WeightTransferConfig()
         self.publisher: BroadcastPublisher | None = None  # weight_transfer=broadcast
         self.lender: Lender | None = None  # lend.enable: the idle trainer serves generation
+        self.images: BatchImages | None = None  # built at the first group with images
+        self.dead_letters: KafkaDeadLetters | None = None  # built at the first dead letter
 
     # --- setup ------------------------------------------------------------------------
 
@@ -244,6 +251,11 @@ class Trainer:
                     break
                 self._step(pending)
                 result.steps += 1
+                if self.lender is not None and self.state.version != self.config.max_steps:
+                    # Lent before the version is published: the routers add the lent engine
+                    # while the replicas load the weights, before the gate admits the groups
+                    # this version frees (issue 30: lent after it, it missed many of them).
+                    self.lender.tend(0, self.state.version, self.consumer.backlog)
                 if self.state.version % self.config.sync_every == 0:
                     publisher, version = self.publisher, self.state.version
                     due = publisher is None or publisher.checkpoint_due(version)
@@ -276,7 +288,7 @@ class Trainer:
         version = self.state.version
         while len(pending.train) < self.config.train_batch_size:
             if self.lender is not None:  # lent while few groups are ready, back once enough
-                self.lender.tend(len(pending.train), version)
+                self.lender.tend(len(pending.train), version, self.consumer.backlog)
             if self.stop_event.is_set():
                 self._settle_drops(pending)
                 return None
@@ -303,6 +315,14 @@ class Trainer:
                 pending.add(item, "stale", key)
                 if pending.drop_count() >= self.config.train_batch_size:
                     self._settle_drops(pending)  # a long run of drops still reaches the gate
+                continue
+            if any(s.images for s in group.samples) and (
+                error := self._batch_images().check(group)
+            ):
+                pending.futures.append(self._dead_letter(item, error))
+                pending.add(item, "dead_letter", key)
+                if pending.drop_count() >= self.config.train_batch_size:
+                    self._settle_drops(pending)
                 continue
             pending.add(item, "train", key)
         self._await_stale(pending)
@@ -369,6 +389,24 @@ class Trainer:
             self.topics.name("stale"), key=item.event.uid, value=item.value, headers=headers
         )
 
+    def _batch_images(self) -> BatchImages:
+        if self.images is None:
+            from workers.trainer.images import BatchImages
+
+            self.images = BatchImages(self.config.media, self.config.model_dir)
+        return self.images
+
+    def _dead_letter(self, item: Item, error: Exception) -> Any:
+        """Send `item` to the dead-letter topic with `error`'s cause; the send's future."""
+        if self.dead_letters is None:
+            from workers.kafka.dlq import KafkaDeadLetters
+
+            dlq = self.topics.name("dlq")
+            self.dead_letters = KafkaDeadLetters(
+                self.producer, dlq, stage="trainer", metrics=self.metrics
+            )
+        return self.dead_letters.send_record(item, error)
+
     def _step(self, pending: Pending) -> None:
         from workers.trainer.batching import collate_groups
 
@@ -377,9 +415,7 @@ class Trainer:
         lags = [staleness(version, g.min_global_steps) for g in groups]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         if batch.images is not None:  # a vision-language policy: the rollout's pixels again
-            from workers.trainer.images import BatchImages
-
-            batch = BatchImages(self.config.media, self.config.model_dir).attach(batch)
+            batch = self._batch_images().attach(batch)
         routed = batch.routed_experts or []
         if self.config.router_replay == "r3" and sum(r is not None for r in routed) < len(batch):
             # Not fatal (those samples are routed live), but replay is then not what runs.
@@ -436,6 +472,7 @@ class Trainer:
             "truncated_frac": float(batch["truncated"].float().mean()),
             "stale_dropped": sum(e.kind == "stale" for e in drops),
             "duplicates_skipped": sum(e.kind == "duplicate" for e in drops),
+            "dead_lettered": sum(e.kind == "dead_letter" for e in drops),
             "staleness_hist": staleness_histogram(lags),
             "trajectory_spans_mean": sum(spans) / len(spans),
             "trajectory_spans_max": max(spans),
