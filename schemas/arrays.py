@@ -46,6 +46,9 @@ def _unpack(text: str | bytes, dtype: np.dtype[Any], name: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype)
 
 
+_ONLY_INT = frozenset({int})
+
+
 def _validator(dtype: str) -> Any:
     kind = np.dtype(dtype).kind
     exact = np.dtype(dtype)
@@ -63,8 +66,12 @@ def _validator(dtype: str) -> Any:
                 raise ValueError("expected integers, got floats")
             return value.astype(dtype)
         if isinstance(value, list | tuple):
-            if kind != "f" and any(
-                not isinstance(v, int | np.integer) or isinstance(v, bool) for v in value
+            # Only plain ints (what a replica's JSON decodes to) pass the set of their types,
+            # built in C; anything else (numpy ints, bools, floats) takes the per-item check.
+            if (
+                kind != "f"
+                and not _ONLY_INT.issuperset(map(type, value))
+                and any(not isinstance(v, int | np.integer) or isinstance(v, bool) for v in value)
             ):
                 raise ValueError("expected a list of integers")
             try:

@@ -12,25 +12,43 @@ and for nine rounds: on two shared cores three runs of nine agreed within 6% (0.
 0.716) where three of five did not on the same day (0.639, 0.775, 0.660), and under a second
 of work they did not at all.
 
-The reader of the turns topic runs in a process of its own (`_read_turns`, as a downstream
-stage would). CPU (`common.cpu_seconds`), over each side's timed window only: this process
-(`loops`: the bare loops, or the worker), the replicas, the broker when it is one this
+The reader of the turns topic runs in a process of its own (`parts.agent_loop_procs`, as a
+downstream stage would). CPU (`common.cpu_seconds`), over each side's timed window only: this
+process (`loops`: the bare loops, or the worker), the replicas, the broker when it is one this
 machine's launcher runs, and the reader (its own count); `cpu_s_per_trajectory` is each
 component's median over the rounds per trajectory, `trajectories_per_core_s` its inverse
 (what one core of it sustains), `worker_cpu_ratio_to_direct` the worker's CPU per trajectory
-over the bare loops'. Not done yet: pinning the components to cores (issue 33, item 1) and
-checking the per-core projection against two workers.
+over the bare loops'.
+
+The fair CPU split (`parts.cores.CoreSplit`, on by default, `--cpu-split 0` turns it off): on both
+sides the loops and the replicas run on one core, the broker and the reader on another, so
+the ratio compares the loops, not who got the cores; `cpu_split` names each component's
+cores, or is null with `cpu_split_reason` (one CPU, affinity refused, turned off) and the
+run is unpinned.
+
+`--workers 2` adds a third side to every round: the same prompts through two agent-loop
+worker processes (one consumer group), on the loops' core. How to read `two_workers`:
+`projected_trajectories_per_s` is what the cores sustain if they are never idle, from the
+one-worker side's CPU per trajectory of each component: the least, over the cores, of one
+core-second over the CPU per trajectory of what runs on it (unpinned: the usable CPUs over
+the sum). `kafka_to_projected` and `two_workers_to_projected` are the measured rates over
+it: near 1, the per-core figures size a cluster; well under 1, the cores sat idle (latency:
+fetches, the reader, the tail of a round), which a second worker hides only if the gap
+closes. `workers_cpu_ratio_to_one` is the two workers' CPU per trajectory (together) over
+the one worker's: near 1, a worker's CPU per trajectory does not depend on how many run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.bench.common import (
@@ -38,10 +56,11 @@ from pipeline.bench.common import (
     cpu_seconds,
     interleaved,
     paired_ratio,
-    per_core_rate,
     rates,
     tiny_model,
 )
+from pipeline.bench.parts.agent_loop_figures import cpu_figures, projection
+from pipeline.bench.parts.cores import CoreSplit
 from pipeline.launch.replicas import LocalReplicas
 from schemas.codec import encode, headers_for
 from schemas.events import PromptEvent
@@ -74,7 +93,7 @@ def _prompts(count: int, tag: str) -> list[PromptEvent]:
 
 class _Meter:
     """CPU seconds of each component over one side's timed window (`start` → `stop`): this
-    process (`loops`: the bare loops, or the worker), the replicas, the broker if known."""
+    process (`loops`: the bare loops, or the worker), the other processes named in `pids`."""
 
     def __init__(self, pids: dict[str, list[int]]) -> None:
         self.pids = {name: ps for name, ps in pids.items() if ps}
@@ -134,40 +153,64 @@ async def _through_kafka(
     prompts: list[PromptEvent],
     reader_cpu: list[float] | None = None,
     meter: _Meter | None = None,
+    *,
+    split: CoreSplit | None = None,
+    workers: int = 0,
 ) -> float:
     """Seconds for `prompts` through a worker and the broker, read back by a reader process;
     `meter` (when given) counts the components' CPU over that window and `reader_cpu` gets
-    the reader's (`rollout bench vllm` reuses this without them)."""
+    the reader's (`rollout bench vllm` reuses this without them). `workers` 0: the worker
+    runs in this process; N: N worker processes (their CPU is the meter's `workers`)."""
     meter = meter or _Meter({})
+    split = split or CoreSplit(enabled=False)
     topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
     from pipeline.topics import create_topics, delete_topics
 
     create_topics(kafka, topics, ["prompts", "turns", "dlq", "policy", "replicas"])
     expected = len(prompts) * cfg.n
-    # The reader is a process of its own, as a downstream stage would be (`_read_turns`).
+    bootstrap = ",".join(kafka.bootstrap_servers)
+    procs = "pipeline.bench.parts.agent_loop_procs"
     reader = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.bench.agent_loop",
-            ",".join(kafka.bootstrap_servers),
-            topics.name("turns"),
-            str(expected),
-        ],
+        [sys.executable, "-m", procs, "read", bootstrap, topics.name("turns"), str(expected)],
         stdout=subprocess.PIPE,
     )
+    split.pin("transport", reader.pid)  # before it starts its threads: they inherit the core
     worker_cfg = cfg.model_copy(update={"group_id": f"bench-{uuid.uuid4().hex[:8]}"})
-    worker = AgentLoopWorker(kafka, topics, worker_cfg, tokenizer=tokenizer)
-    task = asyncio.create_task(worker.run())
-    # Steady state is what is measured: the clock starts once the worker owns its partitions
-    # (joining a consumer group is a one-time cost of a process, not of each prompt).
-    while worker.consumer is None or not worker.consumer.assignment():
-        await asyncio.sleep(0.05)
-        if task.done():
-            task.result()
+    if workers:
+        worker, task = None, None
+        spawned = [
+            subprocess.Popen(
+                [sys.executable, "-m", procs, "worker", bootstrap, topics.prefix,
+                 worker_cfg.model_dump_json()],
+                stdout=subprocess.PIPE,
+            )
+            for _ in range(workers)
+        ]  # fmt: skip
+        for proc in spawned:
+            split.pin("compute", proc.pid)
+        # Each prints `assigned` once it owns partitions; the last one's join ends the
+        # group's rebalance, so the clock starts on a settled group.
+        for proc in spawned:
+            line = await asyncio.to_thread(proc.stdout.readline) if proc.stdout else b""
+            if line.strip() != b"assigned":
+                reader.kill()
+                raise RuntimeError(f"a bench worker process exited {proc.wait()}")
+        meter.pids["workers"] = [proc.pid for proc in spawned]
+    else:
+        spawned = []
+        worker = AgentLoopWorker(kafka, topics, worker_cfg, tokenizer=tokenizer)
+        task = asyncio.create_task(worker.run())
+        # Steady state is what is measured: the clock starts once the worker owns its
+        # partitions (joining a group is a one-time cost of a process, not of each prompt).
+        while worker.consumer is None or not worker.consumer.assignment():
+            await asyncio.sleep(0.05)
+            if task.done():
+                task.result()
+    # The prompts' producer (upstream, not the worker) connects before the clock starts and
+    # closes after it stops: its start-up is no part of any prompt's cost.
+    producer = make_producer(kafka)
     started = time.perf_counter()
     meter.start()
-    producer = make_producer(kafka)
     for prompt in prompts:
         producer.send(
             topics.name("prompts"),
@@ -175,19 +218,27 @@ async def _through_kafka(
             value=encode(prompt),
             headers=headers_for(prompt),
         )
-    producer.flush()
-    producer.close()
-    while reader.poll() is None:
-        await asyncio.sleep(0.05)
-        if task.done():
+    await asyncio.to_thread(producer.flush)  # the in-process worker's loop keeps running
+    # The clock stops on the reader's line (printed when the last final turn is read).
+    line = asyncio.create_task(asyncio.to_thread(reader.stdout.readline))  # type: ignore[union-attr]
+    while not (await asyncio.wait({line}, timeout=0.05))[0]:
+        if (task is not None and task.done()) or any(p.poll() is not None for p in spawned):
             reader.kill()
-            task.result()
+            if task is not None:
+                task.result()
+            raise RuntimeError("a bench worker process exited before every turn was read")
     elapsed = time.perf_counter() - started
     meter.stop()
-    worker.stop()
-    await task
-    out = reader.stdout.read() if reader.stdout is not None else b""
-    if reader.returncode != 0:
+    producer.close()
+    if worker is not None and task is not None:
+        worker.stop()
+        await task
+    for proc in spawned:
+        proc.terminate()  # SIGTERM: the worker's graceful stop
+    for proc in spawned:
+        await asyncio.to_thread(proc.wait)
+    out = line.result()
+    if await asyncio.to_thread(reader.wait) != 0 or not out:
         raise RuntimeError(f"the turns reader exited {reader.returncode}")
     if reader_cpu is not None:
         reader_cpu.append(json.loads(out)["cpu_s"])
@@ -204,14 +255,23 @@ def run(
     replicas: int = 2,
     concurrency: int = 32,
     rounds: int = 9,
+    workers: int = 1,
+    cpu_split: int = 1,
     model_dir: str | None = None,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    if workers not in (1, 2):
+        raise SystemExit(
+            f"rollout bench agent-loop: --workers {workers}: 1, or 2 (the projection's check)"
+        )
+    # The CPUs this process may use before the split pins it (the unpinned projection's).
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     with (
         tiny_model(model_dir) as model,
         bench_broker(kafka) as kafka_cfg,
         LocalReplicas(model, replicas) as reps,
+        CoreSplit(enabled=bool(cpu_split)) as split,
     ):
         tokenizer = AutoTokenizer.from_pretrained(model)
         cfg = AgentLoopWorkerConfig(
@@ -223,16 +283,18 @@ def run(
         )
         samples = prompts * n
         broker = _broker_pid(kafka_cfg)
-        reader_cpu: list[float] = []
+        for proc in reps.procs:
+            split.pin("compute", proc.pid)
+        split.pin("transport", broker)
+        reader_cpu: dict[str, list[float]] = {"kafka": [], "kafka_2w": []}
         # Per side and round: CPU seconds of each component (this process runs the loops:
         # the worker's on the Kafka side, the bare loops on the direct side).
-        cpu: dict[str, dict[str, list[float]]] = {"direct": {}, "kafka": {}}
-
+        cpu: dict[str, dict[str, list[float]]] = {}
         pids = {"replicas": [p.pid for p in reps.procs], "broker": [broker] if broker else []}
 
         def charged(side: str, meter: _Meter, wall: float) -> float:
             for name, seconds in meter.spent.items():
-                cpu[side].setdefault(name, []).append(seconds)
+                cpu.setdefault(side, {}).setdefault(name, []).append(seconds)
             return samples / wall
 
         def direct(r: int) -> float:
@@ -240,28 +302,63 @@ def run(
             batch = _prompts(prompts, f"direct{r}")
             return charged("direct", meter, asyncio.run(_direct(cfg, tokenizer, batch, meter)))
 
-        def through_kafka(r: int) -> float:
-            meter = _Meter(pids)
-            batch = _prompts(prompts, f"kafka{r}")
-            wall = asyncio.run(_through_kafka(kafka_cfg, cfg, tokenizer, batch, reader_cpu, meter))
-            return charged("kafka", meter, wall)
+        def kafka_side(side: str, procs: int) -> Callable[[int], float]:
+            def measured(r: int) -> float:
+                meter = _Meter(pids)
+                batch = _prompts(prompts, f"{side}{r}")
+                wall = asyncio.run(
+                    _through_kafka(
+                        kafka_cfg, cfg, tokenizer, batch, reader_cpu[side], meter,
+                        split=split, workers=procs,
+                    )
+                )  # fmt: skip
+                return charged(side, meter, wall)
+
+            return measured
 
         direct(-1)  # warm-up: the replicas' first requests and the tokenizer, in neither side
-        cpu = {"direct": {}, "kafka": {}}
-        figures = interleaved({"direct": direct, "kafka": through_kafka}, rounds)
-        cpu["kafka"]["reader"] = reader_cpu
-    return {
+        cpu = {}
+        sides = {"direct": direct, "kafka": kafka_side("kafka", 0)}
+        if workers == 2:
+            sides["kafka_2w"] = kafka_side("kafka_2w", 2)
+        figures = interleaved(sides, rounds)
+        for side, values in reader_cpu.items():
+            if values:
+                cpu[side]["reader"] = values
+        placed = {"loops": "compute", "replicas": "compute", "broker": "transport"}
+        report = split.report({**placed, "reader": "transport"})
+    result: dict[str, Any] = {
         "benchmark": "agent-loop",
         "trajectories": samples,
         "max_tokens": max_tokens,
         "replicas": replicas,
         "concurrency": concurrency,
         "rounds": rounds,
+        "workers": workers,
+        **report,
         **rates("direct_trajectories_per_s", figures["direct"], 2),
         **rates("kafka_trajectories_per_s", figures["kafka"], 2),
         **paired_ratio(figures["kafka"], figures["direct"]),
-        **_cpu_figures(cpu, samples),
+        **cpu_figures(cpu, samples),
     }
+    groups = {**placed, "reader": "transport"} if report["cpu_split"] else None
+    projected = projection(result["cpu_s_per_trajectory"]["kafka"], groups, usable)
+    result["projected_trajectories_per_s"] = round(projected, 2)
+
+    def to_projected(side: str) -> float | None:
+        return round(statistics.median(figures[side]) / projected, 3) if projected else None
+
+    result["kafka_to_projected"] = to_projected("kafka")
+    if workers == 2:
+        two = result["cpu_s_per_trajectory"]["kafka_2w"]
+        one = result["cpu_s_per_trajectory"]["kafka"]["loops"]
+        result["two_workers"] = {
+            **rates("trajectories_per_s", figures["kafka_2w"], 2),
+            **paired_ratio(figures["kafka_2w"], figures["kafka"], "ratio_to_one_worker"),
+            "two_workers_to_projected": to_projected("kafka_2w"),
+            "workers_cpu_ratio_to_one": round(two["workers"] / one, 3) if one else None,
+        }
+    return result
 
 
 def _broker_pid(kafka: KafkaConfig) -> int | None:
@@ -274,64 +371,3 @@ def _broker_pid(kafka: KafkaConfig) -> int | None:
         return None
     pid = broker_status(int(port)).get("pid")
     return pid if isinstance(pid, int) else None
-
-
-def _cpu_figures(cpu: dict[str, dict[str, list[float]]], samples: int) -> dict[str, Any]:
-    """CPU seconds per trajectory of each component on each side (median of the rounds),
-    what one core of each sustains, and the loops' CPU through Kafka over in process."""
-    per_traj = {
-        side: {name: statistics.median(values) / samples for name, values in parts.items()}
-        for side, parts in cpu.items()
-    }
-    loops = per_traj["direct"].get("loops", 0.0)
-    return {
-        "cpu_s_per_trajectory": {
-            side: {name: round(v, 6) for name, v in parts.items()}
-            for side, parts in per_traj.items()
-        },
-        "trajectories_per_core_s": {
-            side: {name: round(per_core_rate(1, v), 1) for name, v in parts.items()}
-            for side, parts in per_traj.items()
-        },
-        # The worker (loops + Kafka path) over the bare loops, in CPU per trajectory.
-        "worker_cpu_ratio_to_direct": round(per_traj["kafka"]["loops"] / loops, 3)
-        if loops
-        else None,
-    }
-
-
-def _read_turns(argv: list[str]) -> int:
-    """The bench's reader of `rl.turns`, run as `python -m pipeline.bench.agent_loop BOOTSTRAP
-    TOPIC EXPECTED`: reads the topic from its beginning, decodes every turn through the codec
-    (what any downstream stage does), and exits 0 once EXPECTED distinct trajectories sent
-    their final turn, printing `{"finals": N, "turns": M, "cpu_s": S}`: its own CPU seconds
-    since its consumer was made, so the bench charges the reader apart from the worker.
-    A plaintext broker only (the bench's own, or the one `--bootstrap` names)."""
-    from schemas.codec import decode
-    from workers.kafka.clients import make_consumer
-
-    bootstrap, topic, expected = argv[0], argv[1], int(argv[2])
-    kafka = KafkaConfig(bootstrap_servers=bootstrap.split(","))
-    consumer = make_consumer(kafka, topic, group_id=None)
-    started = cpu_seconds()  # imports and start-up are not the reader's per-turn work
-    seen: set[str] = set()
-    turns = 0
-    try:
-        while len(seen) < expected:
-            for records in consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    turn = decode(record.value)
-                    turns += 1
-                    if turn.final:
-                        seen.add(turn.trajectory_id)
-    finally:
-        consumer.close()
-    print(
-        json.dumps({"finals": len(seen), "turns": turns, "cpu_s": cpu_seconds() - started}),
-        flush=True,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_read_turns(sys.argv[1:]))

@@ -23,6 +23,7 @@ from workers.agent_loop.exceptions import AgentLoopError
 __all__ = ["TurnEmitter"]
 
 Send = Callable[[TurnEvent], Awaitable["asyncio.Future[Any]"]]
+_RECORD_FIELDS = tuple(f.name for f in fields(TurnRecord))  # once, not per turn
 
 
 class TurnEmitter:
@@ -71,7 +72,7 @@ class TurnEmitter:
         prompt = self.prompt
         # Each of a TurnRecord's fields is the TurnEvent field of the same name; only turn 0
         # carries the prompt ids.
-        turn = {f.name: getattr(record, f.name) for f in fields(TurnRecord)}
+        turn = {name: getattr(record, name) for name in _RECORD_FIELDS}
         if not first:
             turn["prompt_ids"] = None
         event = TurnEvent(

@@ -122,6 +122,7 @@ class AgentLoopWorker:
         self._generated_version = 0  # newest version a replica generated one of our turns with
         self._next_version_probe = 0.0
         self._stopping = asyncio.Event()
+        self._room_freed = asyncio.Event()  # set when a prompt's samples release their slots
         self._background: list[asyncio.Task[None]] = []
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
@@ -261,9 +262,15 @@ class AgentLoopWorker:
                 room = 0
             if room <= 0:
                 consumer.pause(*consumer.assignment())
-            elif consumer.paused():
-                consumer.resume(*consumer.paused())
-            batch = await consumer.getmany(timeout_ms=200, max_records=max(1, room))
+                # Wait for a slot (a prompt finishing), not 200 ms for a fetch of paused
+                # partitions: that left the freed slots and the replicas idle meanwhile.
+                # The fetch below (of nothing, at once) still counts as the consumer polling.
+                await self._until_room_freed(0.2)
+                batch = await consumer.getmany(timeout_ms=0, max_records=1)
+            else:
+                if consumer.paused():
+                    consumer.resume(*consumer.paused())
+                batch = await consumer.getmany(timeout_ms=200, max_records=room)
             for tp, records in batch.items():
                 for record in records:
                     prompt = self._decode(record)
@@ -278,6 +285,15 @@ class AgentLoopWorker:
             if loop.time() >= next_commit:
                 await self._commit()
                 next_commit = loop.time() + self.config.commit_interval_s
+
+    async def _until_room_freed(self, timeout_s: float) -> None:
+        """Return when a prompt finished (its samples' slots are free) or after `timeout_s`
+        (the staleness gate opens without a prompt finishing; stop and commits are due)."""
+        self._room_freed.clear()
+        try:
+            await asyncio.wait_for(self._room_freed.wait(), timeout_s)
+        except TimeoutError:
+            pass
 
     async def _replicas_current(self) -> bool:
         """With bounded staleness, admit only while every routable replica serves the latest
@@ -364,6 +380,7 @@ class AgentLoopWorker:
             self.stop()
         finally:
             self._samples_in_flight -= samples
+            self._room_freed.set()
             self._tasks[tp].pop(record.offset, None)
 
     async def _run_prompt(self, prompt: PromptEvent) -> None:
@@ -373,8 +390,11 @@ class AgentLoopWorker:
         )
         n = prompt.n or cfg.n
         assert self.images is not None
-        # File reads and decoding off the event loop; a bad image dead-letters the prompt.
-        prompt, images = await asyncio.to_thread(self.images.resolve, prompt)
+        images: LoopImages | None = None
+        if any(not isinstance(m.content, str) for m in prompt.prompt):
+            # File reads and decoding off the event loop; a bad image dead-letters the prompt.
+            prompt, images = await asyncio.to_thread(self.images.resolve, prompt)
+        # else text only: `resolve` would return it as is; no thread hop per prompt
         if images is not None and not getattr(loop_cls, "takes_images", False):
             raise AgentLoopError(
                 f"agent loop {loop_cls.__name__} does not take images", cause="image_unsupported"
