@@ -20,6 +20,12 @@ the run without lending, measured in the same invocation. `ignore_eos` 1: every 
 runs to `max_tokens` (the demo's answers end in a few tokens), so generation dominates a step.
 `max_staleness` (the demo's 2 by default): 0 makes the run synchronous (no generation runs
 ahead of the trainer), so the trainer idles for the whole generation of each batch.
+`max_batch` (0: the engines' own, 64): the rows each engine decodes at once, the replica's
+`--max-batch` and `trainer.lend.max_batch` alike. Below a batch's requests it makes generation
+throughput-bound, as engines whose KV cache is full are on GPUs: the tiny model on one core
+decodes 32 rows in about the time of 64, so with every request running at once a second engine
+barely shortens a batch, while with `max_batch` 16 each engine works through its share in
+waves and a second engine halves the waves.
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ def _side(
     reclaim_ratio: float,
     ignore_eos: bool,
     max_staleness: int,
+    max_batch: int,
     cores: tuple[int | None, int | None],
     deadline_s: float,
 ) -> dict[str, Any]:
@@ -107,9 +114,10 @@ def _side(
         max_staleness=max_staleness,
     )
     data = cfg.model_dump()
-    data["trainer"] = merge(
-        data["trainer"], {"lend": {"enable": lend, "reclaim_ratio": reclaim_ratio}}
-    )
+    lending: dict[str, Any] = {"enable": lend, "reclaim_ratio": reclaim_ratio}
+    if max_batch:
+        lending["max_batch"] = max_batch
+    data["trainer"] = merge(data["trainer"], {"lend": lending})
     # Every response to max_tokens: generation, not the trainer, sets the pace.
     data["agent_loop"]["sampling"]["ignore_eos"] = ignore_eos
     cfg = RunConfig(**data)
@@ -118,7 +126,13 @@ def _side(
     try:
         produce_prompts(cfg, run_dir, recipe, max_staleness=max_staleness)
         launched = time.time()
-        with LocalPipeline(cfg, run_dir, model_dir=str(model_dir_in(run_dir)), replicas=1) as pipe:
+        with LocalPipeline(
+            cfg,
+            run_dir,
+            model_dir=str(model_dir_in(run_dir)),
+            replicas=1,
+            replica_args=("--max-batch", str(max_batch)) if max_batch else (),
+        ) as pipe:
             trainer = pipe.process("train")
             _pin(trainer.proc.pid if trainer.proc else None, cores[0])
             replica = next(p for p in pipe.processes if p.name.startswith("replica"))
@@ -183,6 +197,7 @@ def run(
     reclaim_ratio: float = 0.75,
     ignore_eos: int = 0,
     max_staleness: int = 2,
+    max_batch: int = 0,
     deadline_s: float = 1200.0,
 ) -> dict[str, Any]:
     from dataclasses import replace
@@ -212,6 +227,7 @@ def run(
                 reclaim_ratio=reclaim_ratio,
                 ignore_eos=bool(ignore_eos),
                 max_staleness=max_staleness,
+                max_batch=max_batch,
                 cores=cores,
                 deadline_s=deadline_s,
             )
@@ -226,6 +242,7 @@ def run(
         "reclaim_ratio": reclaim_ratio,
         "ignore_eos": bool(ignore_eos),
         "max_staleness": max_staleness,
+        "max_batch": max_batch,
         "pinned_cores": {"trainer": cores[0], "replica": cores[1]},
         "wall_s_off": off["wall_s"],
         "wall_s_on": on["wall_s"],

@@ -238,6 +238,8 @@ BENCHES: tuple[Bench, ...] = (
         {
             "prompts": (96, "Prompts per side per round."),
             "rounds": (9, "Rounds (each runs both sides)."),
+            "workers": (1, "2: also run every round through 2 worker processes."),
+            "cpu_split": (1, "0: leave the processes unpinned (no fair CPU split)."),
         },
         kafka=True,
         model=True,
@@ -306,6 +308,7 @@ BENCHES: tuple[Bench, ...] = (
             "reclaim_ratio": (0.75, "trainer.lend.reclaim_ratio of the lent run."),
             "ignore_eos": (0, "1: every response runs to --max-tokens (rollout-bound)."),
             "max_staleness": (2, "trainer.max_staleness of both runs (0: synchronous)."),
+            "max_batch": (0, "Rows each engine decodes at once (0: their default, 64)."),
             "deadline_s": (1200.0, "Seconds each run may take at most."),
         },
         kafka=True,
