@@ -14,10 +14,11 @@ LOAD_MINUTES ?= 10
 
 install: $(STAMP)
 
+# uv, not pip, installs (infra/uv-install.sh): the same versions, linked from its cache in
+# seconds where pip unpacked torch and its CUDA libraries again for minutes on each fresh clone.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[dev]'
+	infra/uv-install.sh $(VENV) -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

