@@ -24,7 +24,7 @@ from tests.integration.trainer_helpers import read_all
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 STEPS = 4
-BATCH = 2
+BATCH = 4
 
 
 def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
@@ -37,7 +37,9 @@ def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
                 "group_id": f"{prefix}agent-loop",
                 "model": str(model),
                 "n": 2,
-                "max_samples_in_flight": 12,
+                # Half a batch at once: the batch generates in two waves, and the reclaim
+                # (one group ready) finds the second wave mid-way.
+                "max_samples_in_flight": BATCH,
                 "commit_interval_s": 0.5,
                 "sampling": {"max_tokens": 24, "temperature": 1.0, "ignore_eos": True},
                 "llm": {"health_interval_s": 1.0},
@@ -61,10 +63,14 @@ def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
                 "train_batch_size": BATCH,
                 "sync_every": 1,
                 "max_steps": STEPS,
-                "max_staleness": None,
+                # Synchronous: the next batch is admitted only once the trainer publishes, so
+                # no groups wait when it has stepped and it lends (with groups waiting it
+                # declines, and a run whose generation got ahead of the trainer lent nothing).
+                "max_staleness": 0,
                 "torch_threads": 1,
                 "lr": 1e-3,
-                "lend": {"enable": True, "reclaim_ratio": 0.5, "max_batch": 8},
+                # Back after one group of four: the second wave is mid-way, on both engines.
+                "lend": {"enable": True, "reclaim_ratio": 0.25},
             },
         },
     )
