@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 STEPS = 4
 BATCH = 4
+MAX_TOKENS = 64
 
 
 def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
@@ -41,7 +42,9 @@ def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
                 # (one group ready) finds the second wave mid-way.
                 "max_samples_in_flight": BATCH,
                 "commit_interval_s": 0.5,
-                "sampling": {"max_tokens": 24, "temperature": 1.0, "ignore_eos": True},
+                # Long enough that the second wave is still decoding when the first wave's
+                # group has been scored and grouped (the reclaim): 24 tokens sometimes were not.
+                "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "ignore_eos": True},
                 "llm": {"health_interval_s": 1.0},
             },
             "reward": {
@@ -136,4 +139,4 @@ def test_lent_trainer_serves_withdraws_and_its_generations_resume_elsewhere(
     for rid in cut:
         extra = samples[rid].extra_fields
         assert extra.min_global_steps <= cut[rid] <= extra.max_global_steps, (rid, cut[rid], extra)
-        assert len(samples[rid].response_ids) == 24  # resumed to the full budget, not cut short
+        assert len(samples[rid].response_ids) == MAX_TOKENS  # resumed to the full budget
