@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,8 +141,10 @@ def rates(name: str, values: list[float], digits: int = 1) -> dict[str, Any]:
 # CPU seconds of a process, from the kernel's accounting: what a bench charges a component.
 # Wall-clock rates on a shared machine swing with everyone else's load; the CPU a process used
 # for a piece of work much less, so benches report it beside their rates. Linux only: user +
-# system time of every thread, from /proc/<pid>/stat (fields 14 and 15, in clock ticks), or
-# os.times() for the calling process (psutil reads the same file; no dependency needed).
+# system time of every thread, from /proc/<pid>/stat (fields 14 and 15, in clock ticks: 10 ms
+# steps, so a short window of another process can read 0), or, for the calling process, the
+# kernel's per-process CPU clock (time.process_time: nanoseconds, where os.times() has ticks
+# too). psutil reads the same file; no dependency needed.
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -149,8 +152,7 @@ def cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU seconds of `pid` (all its threads, not its children); of this
     process if None. `ProcessLookupError` if `pid` is gone."""
     if pid is None:
-        times = os.times()
-        return times.user + times.system
+        return time.process_time()
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
