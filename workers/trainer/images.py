@@ -6,8 +6,9 @@ The replicas prefilled each image from its bytes with the model's image processo
 go through the same processor, so the recomputed logprobs see the pixels the rollout saw.
 A group whose image the store no longer has (or cannot be decoded) is dead-lettered as it is
 collected (`BatchImages.check`, cause `image_missing` / `image_unreadable` / ...), and the rest
-of the batch trains: training it on its text alone would train another task. One gone between
-that check and the step (a race) still stops the step with one line (`TrainerError`).
+of the batch trains: training it on its text alone would train another task. The check keeps
+what it decoded until the step uses it, so each image is read and decoded once, and one that
+leaves the store between the check and the step no longer matters.
 """
 
 from __future__ import annotations
@@ -33,18 +34,18 @@ class BatchImages:
         self.store = MediaStore(config.store_dir)
         self.model_dir = str(model_dir)
         self._processor: Any = None
+        # Images `check` decoded (by digest), kept for the next `attach`, which empties it.
+        self._decoded: dict[str, Any] = {}
 
     def check(self, group: TrainingGroup) -> MediaError | None:
         """Why `group` cannot train (an image missing from the store, unreadable, not an
         image), or None when every image of its samples reads and decodes."""
-        seen: set[str] = set()
         for sample in group.samples:
             for ref in sample.images or []:
-                if ref.sha256 in seen:
+                if ref.sha256 in self._decoded:
                     continue
-                seen.add(ref.sha256)
                 try:
-                    decode_image(self.store.get(ref))
+                    self._decoded[ref.sha256] = decode_image(self.store.get(ref))
                 except MediaError as exc:
                     return exc
         return None
@@ -63,10 +64,15 @@ class BatchImages:
                 pixels.append(None)
                 continue
             try:
-                decoded = [decode_image(self.store.get(ref)) for ref in refs]
+                decoded = [self._decoded.get(ref.sha256) or self._read(ref) for ref in refs]
             except MediaError as exc:
                 raise TrainerError(f"trajectory {tid}: {exc}") from exc
             out = self._processor(images=decoded, return_tensors="pt")["pixel_values"]
             pixels.append(out.float().to(batch["input_ids"].device))
+        self._decoded.clear()  # this batch's (and any dead-lettered group's): not kept on
         batch.pixels = pixels
         return batch
+
+    def _read(self, ref: Any) -> Any:
+        """An image `check` did not decode (a batch collected without it), read now."""
+        return decode_image(self.store.get(ref))
