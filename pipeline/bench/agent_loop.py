@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -160,7 +161,8 @@ async def _through_kafka(
     """Seconds for `prompts` through a worker and the broker, read back by a reader process;
     `meter` (when given) counts the components' CPU over that window and `reader_cpu` gets
     the reader's (`rollout bench vllm` reuses this without them). `workers` 0: the worker
-    runs in this process; N: N worker processes (their CPU is the meter's `workers`)."""
+    runs in this process; N: N worker processes (their CPU is the meter's `workers`, as each
+    reports it)."""
     meter = meter or _Meter({})
     split = split or CoreSplit(enabled=False)
     topics = TopicsConfig(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
@@ -195,7 +197,6 @@ async def _through_kafka(
             if line.strip() != b"assigned":
                 reader.kill()
                 raise RuntimeError(f"a bench worker process exited {proc.wait()}")
-        meter.pids["workers"] = [proc.pid for proc in spawned]
     else:
         spawned = []
         worker = AgentLoopWorker(kafka, topics, worker_cfg, tokenizer=tokenizer)
@@ -211,6 +212,8 @@ async def _through_kafka(
     producer = make_producer(kafka)
     started = time.perf_counter()
     meter.start()
+    for proc in spawned:
+        proc.send_signal(signal.SIGUSR1)  # each marks its CPU clock (agent_loop_procs)
     for prompt in prompts:
         producer.send(
             topics.name("prompts"),
@@ -229,6 +232,14 @@ async def _through_kafka(
             raise RuntimeError("a bench worker process exited before every turn was read")
     elapsed = time.perf_counter() - started
     meter.stop()
+    for proc in spawned:
+        proc.send_signal(signal.SIGUSR2)  # each prints its CPU seconds since the mark
+    if spawned:
+        reports = [await asyncio.to_thread(proc.stdout.readline) for proc in spawned]  # type: ignore[union-attr]
+        if not all(reports):
+            reader.kill()
+            raise RuntimeError("a bench worker process exited before reporting its CPU")
+        meter.spent["workers"] = sum(json.loads(line)["cpu_s"] for line in reports)
     producer.close()
     if worker is not None and task is not None:
         worker.stop()

@@ -10,8 +10,11 @@ own, or the one `--bootstrap` names).
   so the bench charges the reader apart.
 - `worker BOOTSTRAP PREFIX CONFIG_JSON`: one `AgentLoopWorker` (the config an
   `AgentLoopWorkerConfig` as JSON) on the topics under PREFIX; prints `assigned` once its
-  consumer owns partitions (the bench starts its clock after every worker did), stops
-  gracefully on SIGTERM.
+  consumer owns partitions (the bench starts its clock after every worker did), marks its
+  CPU clock on SIGUSR1 (the bench's clock started) and on SIGUSR2 (stopped) prints
+  `{"cpu_s": S}`, its CPU seconds in between (its own nanosecond clock: the kernel's
+  /proc/<pid>/stat counts 10 ms ticks, and a small round's worker can use less than one);
+  stops gracefully on SIGTERM.
 """
 
 from __future__ import annotations
@@ -63,7 +66,15 @@ async def serve_worker(bootstrap: str, prefix: str, config_json: str) -> int:
     kafka = KafkaConfig(bootstrap_servers=bootstrap.split(","))
     cfg = AgentLoopWorkerConfig.model_validate_json(config_json)
     worker = AgentLoopWorker(kafka, TopicsConfig(prefix=prefix), cfg)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, worker.stop)
+    started = [cpu_seconds()]
+
+    def spent() -> None:
+        print(json.dumps({"cpu_s": cpu_seconds() - started[0]}), flush=True)
+
+    loop.add_signal_handler(signal.SIGUSR1, lambda: started.__setitem__(0, cpu_seconds()))
+    loop.add_signal_handler(signal.SIGUSR2, spent)
     task = asyncio.create_task(worker.run())
     while worker.consumer is None or not worker.consumer.assignment():
         if task.done():
