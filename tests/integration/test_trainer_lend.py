@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 
 STEPS = 4
 BATCH = 4
-MAX_TOKENS = 64
+MAX_TOKENS = 256
 
 
 def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
@@ -43,7 +43,8 @@ def lend_config(bootstrap: str, prefix: str, model: Path, run_dir: Path):
                 "max_samples_in_flight": BATCH,
                 "commit_interval_s": 0.5,
                 # Long enough that the second wave is still decoding when the first wave's
-                # group has been scored and grouped (the reclaim): 24 tokens sometimes were not.
+                # group has been scored and grouped (the reclaim): with 64 tokens (24 before)
+                # the second wave sometimes finished first, and no withdrawal cut anything.
                 "sampling": {"max_tokens": MAX_TOKENS, "temperature": 1.0, "ignore_eos": True},
                 "llm": {"health_interval_s": 1.0},
             },
