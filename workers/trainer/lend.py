@@ -136,14 +136,18 @@ class Lender:
 
     def tend(self, ready: int, version: int, queued: Callable[[], int] = lambda: 0) -> None:
         """Lend while fewer than `threshold` groups are `ready`, even with the `queued` ones
-        (groups on the topic not collected yet); withdraw once enough are ready."""
+        (groups on the topic not collected yet); withdraw once enough are ready. Declined
+        once at `version`, the rest of that collection is declined without asking `queued`
+        again (a request to the broker per group): what waited is collected, not gone."""
+        if self._declined_at == version and self.state is LendState.WITHDRAWN:
+            return
         action = lend_action(ready, queued, self.threshold, lent=self.state is LendState.LENT)
         if action == "withdraw":
             self.withdraw()
         elif action == "lend":
             self.lend(version)
-        elif action == "decline" and self._declined_at != version:
-            self._declined_at = version  # counted once per collection, asked per group
+        elif action == "decline":
+            self._declined_at = version  # counted once per collection
             self.counts["declined"] += 1
             log.debug("not lent at version %d: enough groups are waiting", version)
 
