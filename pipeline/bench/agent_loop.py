@@ -2,8 +2,9 @@
 
 The same number of prompts, on the same replicas, run (a) by calling the agent loops directly
 in one process, bounded to the same concurrency as the worker, and (b) through the pipeline:
-produce to the prompts topic → the agent-loop worker → every turn on the turns topic,
-consumed by a reader until every trajectory's final turn has arrived. Each phase gets fresh
+the prompts waiting on the prompts topic (produced before the clock starts, as (a)'s wait in
+memory) → the agent-loop worker → every turn on the turns topic, consumed by a reader until
+every trajectory's final turn has arrived. Each phase gets fresh
 prompts of the same shape (so neither profits from the other's prefix cache), phases
 alternate (a, b, a, b, ...). `ratio` = (b) / (a) throughput, the median of the rounds' ratios
 (each round's two sides measured back to back, under the same load), printed with every
@@ -177,6 +178,19 @@ async def _through_kafka(
         stdout=subprocess.PIPE,
     )
     split.pin("transport", reader.pid)  # before it starts its threads: they inherit the core
+    # The prompts wait on the topic before any worker starts, as the direct side's wait in
+    # memory: their producer is upstream, and its CPU (in this process) no part of the
+    # worker's, which this process's CPU is charged as.
+    producer = make_producer(kafka)
+    for prompt in prompts:
+        producer.send(
+            topics.name("prompts"),
+            key=prompt.uid,
+            value=encode(prompt),
+            headers=headers_for(prompt),
+        )
+    producer.flush()
+    producer.close()
     worker_cfg = cfg.model_copy(update={"group_id": f"bench-{uuid.uuid4().hex[:8]}"})
     if workers:
         worker, task = None, None
@@ -207,21 +221,10 @@ async def _through_kafka(
             await asyncio.sleep(0.05)
             if task.done():
                 task.result()
-    # The prompts' producer (upstream, not the worker) connects before the clock starts and
-    # closes after it stops: its start-up is no part of any prompt's cost.
-    producer = make_producer(kafka)
     started = time.perf_counter()
     meter.start()
     for proc in spawned:
         proc.send_signal(signal.SIGUSR1)  # each marks its CPU clock (agent_loop_procs)
-    for prompt in prompts:
-        producer.send(
-            topics.name("prompts"),
-            key=prompt.uid,
-            value=encode(prompt),
-            headers=headers_for(prompt),
-        )
-    await asyncio.to_thread(producer.flush)  # the in-process worker's loop keeps running
     # The clock stops on the reader's line (printed when the last final turn is read).
     line = asyncio.create_task(asyncio.to_thread(reader.stdout.readline))  # type: ignore[union-attr]
     while not (await asyncio.wait({line}, timeout=0.05))[0]:
@@ -240,7 +243,6 @@ async def _through_kafka(
             reader.kill()
             raise RuntimeError("a bench worker process exited before reporting its CPU")
         meter.spent["workers"] = sum(json.loads(line)["cpu_s"] for line in reports)
-    producer.close()
     if worker is not None and task is not None:
         worker.stop()
         await task
