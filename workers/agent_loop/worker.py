@@ -13,8 +13,10 @@ Delivery (at-least-once, de-duplicated downstream):
   finished offsets is committed (`OffsetTracker`).
 - Backpressure: at most `max_samples_in_flight` samples run, each prompt counted by its own
   `n` (a prompt that does not fit is fetched again later; one that alone exceeds the bound
-  runs when nothing else does); when full, or when the staleness gate is closed, the
-  partitions are paused instead of buffering records.
+  runs when nothing else does). When full, or when the staleness gate is closed, the worker
+  takes no record; what aiokafka fetched ahead waits in its buffer (one fetch per partition
+  at most: it fetches a partition again only once that is taken), and after `PAUSE_AFTER_S`
+  of it the partitions are paused, which keeps the worker polling.
 - Rebalance: the revoked partitions' unfinished prompts are cancelled, what is finished is
   committed, the rest is redelivered to the new owner, whose regenerated events carry a new
   `attempt_id`.
@@ -76,6 +78,10 @@ __all__ = ["AgentLoopWorker"]
 log = logging.getLogger("rollout.agent_loop.worker")
 
 STAGE = "agent-loop"
+# How long the worker may be full (no sample slot, or the staleness gate closed) before it
+# pauses its partitions: well under aiokafka's max poll interval (300 s), over a prompt's
+# usual generation time.
+PAUSE_AFTER_S = 10.0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -251,6 +257,7 @@ class AgentLoopWorker:
         assert consumer is not None
         loop = asyncio.get_running_loop()
         next_commit = loop.time() + self.config.commit_interval_s
+        full_since: float | None = None  # since when no prompt could be taken
         while not self._stopping.is_set():
             # Prompts to take now: bounded by free sample slots and by the staleness gate.
             # Records past `max_records` stay in the consumer's buffer, not in ours.
@@ -261,13 +268,22 @@ class AgentLoopWorker:
             if room > 0 and not await self._replicas_current():
                 room = 0
             if room <= 0:
-                consumer.pause(*consumer.assignment())
-                # Wait for a slot (a prompt finishing), not 200 ms for a fetch of paused
-                # partitions: that left the freed slots and the replicas idle meanwhile.
-                # The fetch below (of nothing, at once) still counts as the consumer polling.
+                full_since = loop.time() if full_since is None else full_since
+                # Wait for a slot (a prompt finishing), not 200 ms for a fetch: that left the
+                # freed slots and the replicas idle meanwhile.
                 await self._until_room_freed(0.2)
-                batch = await consumer.getmany(timeout_ms=0, max_records=1)
+                batch = {}
+                if loop.time() - full_since >= PAUSE_AFTER_S:
+                    # Full for long (a closed staleness gate, long agent loops): pause, and
+                    # poll the paused partitions (nothing, at once) so that the group still
+                    # sees this member polling within its max poll interval. Not at once:
+                    # aiokafka drops what it fetched for a partition that is paused when
+                    # polled, so pausing on every full moment refetched and decoded the
+                    # prompts ahead once per prompt finished.
+                    consumer.pause(*consumer.assignment())
+                    batch = await consumer.getmany(timeout_ms=0, max_records=1)
             else:
+                full_since = None
                 if consumer.paused():
                     consumer.resume(*consumer.paused())
                 batch = await consumer.getmany(timeout_ms=200, max_records=room)
