@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from workers.llm.replicas.hf_images import image_token_id, plain_image_tokens
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import DeviceError
@@ -69,9 +70,15 @@ def response_log_probs(
     # Vision-language policies: the samples' pixel values, in row order as the image tokens.
     pixels = [t for t in batch.pixels or [] if t is not None]
     images = {"pixel_values": torch.cat(pixels)} if pixels else {}
-    with torch.autocast(input_ids.device.type, torch.bfloat16, enabled=precision == "bf16"):
+    plain = torch.zeros_like(input_ids, dtype=torch.bool)
+    if images:  # an image token in a response was generated: a plain token, as the engine fed it
+        plain[:, p:] = input_ids[:, p:] == _image_token(model)
+    with (
+        torch.autocast(input_ids.device.type, torch.bfloat16, enabled=precision == "bf16"),
+        plain_image_tokens(model, input_ids, plain) as ids,
+    ):
         out = model(
-            input_ids=input_ids,
+            input_ids=ids,
             attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
             use_cache=False,
@@ -85,6 +92,12 @@ def response_log_probs(
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
     return logp, entropy
+
+
+def _image_token(model: Any) -> int:
+    """The model's image token id (-1, no token, for a text model)."""
+    token = image_token_id(model.config)
+    return -1 if token is None else token
 
 
 def mini_batches(batch: TrajectoryBatch, count: int) -> list[TrajectoryBatch]:

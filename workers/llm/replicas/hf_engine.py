@@ -45,7 +45,7 @@ from workers.llm.contract import SamplingParams
 from workers.llm.replicas import weights
 from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
 from workers.llm.replicas.hf_config import EngineStats, HFEngineConfig
-from workers.llm.replicas.hf_images import ImageInputs, load_model
+from workers.llm.replicas.hf_images import ImageInputs, load_model, plain_image_tokens
 from workers.llm.replicas.kv_batch import BatchKV, cache_kwarg, single_cache
 from workers.llm.replicas.prefix_cache import KV, PrefixCache
 from workers.llm.replicas.router_tap import RouterTap, capture
@@ -370,9 +370,11 @@ class HFEngine:
         self.stats.prefix_cache_hits += reuse
         seq.cached_tokens = reuse
         cache = single_cache(prefix, *self._geometry, new=n - reuse + 1)
-        with capture(self.router_tap, routed):
+        ids = torch.tensor([seq.prompt[reuse:]])
+        plain = seq.images.plain(ids, reuse) if extra else torch.zeros_like(ids, dtype=torch.bool)
+        with capture(self.router_tap, routed), plain_image_tokens(self.model, ids, plain) as ids:
             out = self.model(
-                input_ids=torch.tensor([seq.prompt[reuse:]]),
+                input_ids=ids,
                 attention_mask=torch.ones((1, n), dtype=torch.long),
                 position_ids=torch.arange(reuse, n)[None, :],
                 **{self._cache_kw: cache},

@@ -11,6 +11,12 @@ placeholder ids, so a sequence's cache key is its prompt with each image's token
 a negative id drawn from the image's SHA-256 (`Prepared.key`): a cached prefix is reused only
 for the same images, and a reuse that would end inside an image is cut back to its start
 (`Prepared.feed`), so the forward always gets whole images.
+
+An image token the model *generated* (a random policy samples any id; a resumed or next-turn
+prompt then carries it after the images) is a plain token, embedded as its id, as it was when
+it was decoded: `plain_image_tokens` keeps it out of the model's placeholder matching, which
+would count it as an image's (transformers: "Image features and image tokens do not match").
+The trainer recomputes its logprobs the same way (`workers.trainer.step`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +38,14 @@ from workers.llm.replicas.prefix_cache import KV
 from workers.media.exceptions import MediaError
 from workers.media.store import decode_image
 
-__all__ = ["ImageInputs", "Prepared", "image_key", "load_model"]
+__all__ = [
+    "ImageInputs",
+    "Prepared",
+    "image_key",
+    "image_token_id",
+    "load_model",
+    "plain_image_tokens",
+]
 
 
 def load_model(path: str | Path, **kwargs: Any) -> Any:
@@ -49,6 +63,37 @@ def image_key(sha256: str) -> int:
     return -1 - int(sha256[:15], 16)
 
 
+def image_token_id(config: Any) -> int | None:
+    """The image placeholder's token id of a model config (None for a text model)."""
+    for key in ("image_token_index", "image_token_id"):
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+@contextmanager
+def plain_image_tokens(model: Any, input_ids: torch.Tensor, plain: torch.Tensor) -> Iterator[Any]:
+    """The `input_ids` to feed `model` while the image tokens at `plain` (a bool mask of its
+    shape) read as plain tokens (module docstring): they are fed as another id, which the
+    placeholder matching skips, and the input embedding puts the image token's own row back
+    (its gradient reaches that row, as a plain token's would)."""
+    token_id = image_token_id(model.config)
+    if token_id is None or not bool(plain.any()):
+        yield input_ids
+        return
+    at = plain.unsqueeze(-1)
+
+    def embed_as_image_token(module: Any, _args: Any, output: torch.Tensor) -> torch.Tensor:
+        return torch.where(at, module.weight[token_id].to(output.dtype), output)
+
+    handle = model.get_input_embeddings().register_forward_hook(embed_as_image_token)
+    try:
+        yield input_ids.masked_fill(plain, 0 if token_id else 1)
+    finally:
+        handle.remove()
+
+
 @dataclass(frozen=True)
 class Prepared:
     """One request's images: cache key, where each image starts, their pixel values."""
@@ -56,6 +101,7 @@ class Prepared:
     key: list[int]
     starts: list[int]
     length: int  # tokens per image
+    token_id: int
     pixels: torch.Tensor  # (images, channels, height, width)
 
     def feed(self, reuse: int, prefix: KV | None) -> tuple[int, KV | None, dict[str, Any]]:
@@ -71,6 +117,14 @@ class Prepared:
         later = [i for i, start in enumerate(self.starts) if start >= reuse]
         return reuse, prefix, ({"pixel_values": self.pixels[later]} if later else {})
 
+    def plain(self, input_ids: torch.Tensor, reuse: int) -> torch.Tensor:
+        """Which of `input_ids` (the prompt from `reuse` on, shape (1, n)) are generated image
+        tokens (after the last image): plain tokens (`plain_image_tokens`)."""
+        after = max(0, self.starts[-1] + self.length - reuse) if self.starts else 0
+        plain = input_ids == self.token_id
+        plain[:, :after] = False
+        return plain
+
 
 class ImageInputs:
     """The image processor and image token of a vision-language model directory."""
@@ -83,22 +137,44 @@ class ImageInputs:
         self.length = int(config.image_seq_length)
 
     def prepare(self, prompt: Sequence[int], images: Sequence[ImageRef]) -> Prepared:
-        starts = [i for i, t in enumerate(prompt) if t == self.token_id][:: self.length]
-        count = sum(1 for t in prompt if t == self.token_id)
-        if count != self.length * len(images) or any(
-            prompt[s : s + self.length] != [self.token_id] * self.length for s in starts
-        ):
-            raise InvalidRequestError(
-                f"the prompt has {count} image tokens (id {self.token_id}) for {len(images)} "
-                f"images: each image is {self.length} consecutive image tokens"
-            )
+        starts = self._starts(prompt, len(images))
         decoded = []
         key = list(prompt)
         for index, (ref, start) in enumerate(zip(images, starts, strict=True)):
             decoded.append(_decode(ref, index))
             key[start : start + self.length] = [image_key(ref.sha256)] * self.length
         pixels = self.processor(images=decoded, return_tensors="pt")["pixel_values"]
-        return Prepared(key=key, starts=starts, length=self.length, pixels=pixels.float())
+        return Prepared(
+            key=key,
+            starts=starts,
+            length=self.length,
+            token_id=self.token_id,
+            pixels=pixels.float(),
+        )
+
+    def _starts(self, prompt: Sequence[int], images: int) -> list[int]:
+        """Where each image's run of image tokens starts: the first `images` runs, each
+        exactly `length` long; image tokens after the last run are generated, plain tokens."""
+        starts: list[int] = []
+        i = 0
+        while i < len(prompt) and len(starts) < images:
+            if prompt[i] != self.token_id:
+                i += 1
+                continue
+            end = i
+            while end < len(prompt) and prompt[end] == self.token_id:
+                end += 1
+            if end - i != self.length:
+                break
+            starts.append(i)
+            i = end
+        if len(starts) != images:
+            count = sum(1 for t in prompt if t == self.token_id)
+            raise InvalidRequestError(
+                f"the prompt has {count} image tokens (id {self.token_id}) for {images} "
+                f"images: each image is {self.length} consecutive image tokens"
+            )
+        return starts
 
 
 def _decode(ref: ImageRef, index: int) -> Any:

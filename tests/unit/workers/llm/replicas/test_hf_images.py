@@ -15,7 +15,7 @@ def test_the_cache_key_names_each_image_by_its_hash_never_by_its_placeholder() -
 
 def test_a_reuse_never_ends_inside_an_image_and_feeds_the_images_after_it() -> None:
     pixels = torch.arange(2.0).reshape(2, 1, 1, 1)
-    prepared = Prepared(key=[], starts=[2, 8], length=4, pixels=pixels)
+    prepared = Prepared(key=[], starts=[2, 8], length=4, token_id=9, pixels=pixels)
     kv = [(torch.zeros(1, 1, 10, 2), torch.zeros(1, 1, 10, 2))]
     reuse, prefix, extra = prepared.feed(4, kv)  # inside the first image: back to its start
     assert reuse == 2 and prefix[0][0].shape[2] == 2
