@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -116,6 +116,10 @@ class StageMetrics:
         self._produced = Counter(
             "rollout_messages_produced", "Records produced.", [*by_stage, "topic"], registry=r
         )
+        # The counters' children by topic: labels() takes a lock and a lookup per call, and
+        # the agent-loop worker counts every turn.
+        self._consumed_by: dict[str, Any] = {}
+        self._produced_by: dict[str, Any] = {}
         self._dead = Counter(
             "rollout_dead_letters", "Records sent to the DLQ.", [*by_stage, "reason"], registry=r
         )
@@ -164,10 +168,16 @@ class StageMetrics:
     # --- feeding ----------------------------------------------------------------------
 
     def consumed(self, topic: str, n: int = 1) -> None:
-        self._consumed.labels(self.stage, topic).inc(n)
+        child = self._consumed_by.get(topic)
+        if child is None:
+            child = self._consumed_by[topic] = self._consumed.labels(self.stage, topic)
+        child.inc(n)
 
     def produced(self, topic: str, n: int = 1) -> None:
-        self._produced.labels(self.stage, topic).inc(n)
+        child = self._produced_by.get(topic)
+        if child is None:
+            child = self._produced_by[topic] = self._produced.labels(self.stage, topic)
+        child.inc(n)
 
     def dead_letter(self, reason: str, topic: str | None = None) -> None:
         """One record dead-lettered for `reason` (an error class name); with `topic` (the

@@ -305,9 +305,13 @@ def run(
         cpu: dict[str, dict[str, list[float]]] = {}
         pids = {"replicas": [p.pid for p in reps.procs], "broker": [broker] if broker else []}
 
+        busy: dict[str, list[float]] = {}  # per side and round: the compute core's share used
+
         def charged(side: str, meter: _Meter, wall: float) -> float:
             for name, seconds in meter.spent.items():
                 cpu.setdefault(side, {}).setdefault(name, []).append(seconds)
+            compute = sum(meter.spent.get(name, 0.0) for name in ("loops", "workers", "replicas"))
+            busy.setdefault(side, []).append(round(compute / wall, 3))
             return samples / wall
 
         def direct(r: int) -> float:
@@ -330,7 +334,7 @@ def run(
             return measured
 
         direct(-1)  # warm-up: the replicas' first requests and the tokenizer, in neither side
-        cpu = {}
+        cpu, busy = {}, {}
         sides = {"direct": direct, "kafka": kafka_side("kafka", 0)}
         if workers == 2:
             sides["kafka_2w"] = kafka_side("kafka_2w", 2)
@@ -353,6 +357,7 @@ def run(
         **rates("kafka_trajectories_per_s", figures["kafka"], 2),
         **paired_ratio(figures["kafka"], figures["direct"]),
         **cpu_figures(cpu, samples),
+        "compute_busy_runs": busy,
     }
     groups = {**placed, "reader": "transport"} if report["cpu_split"] else None
     projected = projection(result["cpu_s_per_trajectory"]["kafka"], groups, usable)

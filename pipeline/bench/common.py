@@ -106,12 +106,15 @@ def prompted_run(
 
 
 def interleaved(sides: dict[str, Callable[[int], float]], rounds: int) -> dict[str, list[float]]:
-    """Each side's figure per round, the sides run one after another within each round
-    (a, b, a, b, ...), so a slow minute on a shared machine lands on every side alike.
-    `sides[name](round)` returns the round's figure (a rate: higher is better)."""
+    """Each side's figure per round, the sides run one after another within each round, so
+    a slow minute on a shared machine lands on every side alike; the order turns round every
+    other round (a, b, b, a, a, b, ...), so a load that rises or falls across a round does not
+    favour the side that runs first. `sides[name](round)` returns the round's figure (a rate:
+    higher is better)."""
     figures: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(rounds):
-        for name, side in sides.items():
+        order = list(sides.items())
+        for name, side in order if r % 2 == 0 else reversed(order):
             figures[name].append(side(r))
     return figures
 

@@ -104,7 +104,10 @@ async def test_sample_slots_count_each_prompts_own_n(
     worker = AgentLoopWorker(kafka_config, topics_config, cfg)
     await run_worker_until(worker, lambda: worker.counters["trajectories"] >= 12)
     assert worker.counters["trajectories"] == 12
-    assert worker.counters["samples_in_flight_peak"] == 3  # room // 1 was 4 prompts = 12
+    # Counted by the configured n = 1, 4 prompts (12 samples) would have started at once.
+    # A sample's slot is free when its generation ends, so a prompt of 3 starts once two
+    # of the one before it are done: 4 at most, never more.
+    assert 3 <= worker.counters["samples_in_flight_peak"] <= 4
 
 
 async def test_bad_prompts_go_to_the_dlq_and_the_rest_flows(

@@ -95,6 +95,14 @@ class AgentLoopWorkerConfig(BaseModel):
         default=1.0, gt=0, description="Seconds between commits of the finished offsets."
     )
     grace_period_s: float = Field(default=30.0, ge=0, description="On SIGTERM, finish within this.")
+    turns_linger_ms: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="How long the turns producer waits to fill a batch: more turns per produce "
+        "request, fewer requests for the worker and the broker to handle. A sample's slot is "
+        "free before its turns are acknowledged, so the wait costs no generation.",
+    )
     replicas: list[str] = Field(
         default_factory=list,
         description="Replica URLs; empty: discover them on the replicas topic.",

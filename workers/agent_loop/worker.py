@@ -13,7 +13,9 @@ Delivery (at-least-once, de-duplicated downstream):
   finished offsets is committed (`OffsetTracker`).
 - Backpressure: at most `max_samples_in_flight` samples run, each prompt counted by its own
   `n` (a prompt that does not fit is fetched again later; one that alone exceeds the bound
-  runs when nothing else does). When full, or when the staleness gate is closed, the worker
+  runs when nothing else does). A sample's slot is free once its agent loop returned: the
+  acknowledgement of its turns (`turns_linger_ms` of batching, then the broker's round
+  trip) holds the prompt's offset, not a generation slot. When full, or when the staleness gate is closed, the worker
   takes no record; what aiokafka fetched ahead waits in its buffer (one fetch per partition
   at most: it fetches a partition again only once that is taken), and after `PAUSE_AFTER_S`
   of it the partitions are paused, which keeps the worker polling.
@@ -38,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -181,7 +183,9 @@ class AgentLoopWorker:
                 from workers.agent_loop.tools.config import load_tools
 
                 self.tools = load_tools(cfg.loops.tool_config)
-        self.producer = make_aio_producer(self.kafka, client_id=f"{self.kafka.client_id}-{STAGE}")
+        self.producer = make_aio_producer(
+            self.kafka, client_id=f"{self.kafka.client_id}-{STAGE}", linger_ms=cfg.turns_linger_ms
+        )
         self.letters = AioDeadLetters(
             self.producer, self.topics.name("dlq"), stage=STAGE, metrics=self.metrics
         )
@@ -361,11 +365,21 @@ class AgentLoopWorker:
     async def _process(
         self, tp: TopicPartition, record: Any, samples: int, prompt: PromptEvent | DecodeError
     ) -> None:
+        held = samples  # slots this prompt still holds
+
+        def release(count: int) -> None:
+            """Give back `count` of the prompt's sample slots (a sample's generation ended)."""
+            nonlocal held
+            count = min(count, held)
+            held -= count
+            self._samples_in_flight -= count
+            self._room_freed.set()
+
         try:
             try:
                 if isinstance(prompt, DecodeError):
                     raise prompt
-                await self._run_prompt(prompt)
+                await self._run_prompt(prompt, release)
             except (DecodeError, AgentLoopError, BadRequestError) as exc:
                 await self._dead_letter(record, exc)  # the gate counts it from rl.dlq
             except RolloutError:
@@ -395,11 +409,10 @@ class AgentLoopWorker:
             self.counters["prompts_failed"] += 1
             self.stop()
         finally:
-            self._samples_in_flight -= samples
-            self._room_freed.set()
+            release(held)
             self._tasks[tp].pop(record.offset, None)
 
-    async def _run_prompt(self, prompt: PromptEvent) -> None:
+    async def _run_prompt(self, prompt: PromptEvent, release: Callable[[int], None]) -> None:
         cfg = self.config
         loop_cls = get_agent_loop(
             prompt.agent_name or cfg.loops.default_agent, cfg.loops.user_loops
@@ -417,7 +430,7 @@ class AgentLoopWorker:
             )
         digest = prompt.content_digest()  # once per prompt: its samples' turn 0s all carry it
         results = await asyncio.gather(
-            *(self._run_sample(loop_cls, prompt, i, n, images, digest) for i in range(n)),
+            *(self._run_sample(loop_cls, prompt, i, n, images, digest, release) for i in range(n)),
             return_exceptions=True,
         )
         for result in results:
@@ -432,6 +445,7 @@ class AgentLoopWorker:
         n: int,
         images: LoopImages | None,
         digest: str,
+        release: Callable[[int], None],
     ) -> None:
         cfg = self.config
         attempt = uuid.uuid4().hex[:16]
@@ -464,6 +478,9 @@ class AgentLoopWorker:
             extra_info=prompt.extra_info,
             **({"images": images} if images else {}),
         )
+        # Its generation is over: the slot goes to the next prompt while the broker
+        # acknowledges its turns (the prompt's offset still waits for them).
+        release(1)
         await emitter.finish(output)
         self.counters["trajectories"] += 1
         self.metrics.observe_trajectory(time.monotonic() - started)
