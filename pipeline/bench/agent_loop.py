@@ -6,7 +6,7 @@ the prompts waiting on the prompts topic (produced before the clock starts, as (
 memory) → the agent-loop worker → every turn on the turns topic, consumed by a reader until
 every trajectory's final turn has arrived. Each phase gets fresh
 prompts of the same shape (so neither profits from the other's prefix cache), phases
-alternate (a, b, a, b, ...). `ratio` = (b) / (a) throughput, the median of the rounds' ratios
+alternate, their order turning every other round (a, b, b, a, ...: `common.interleaved`). `ratio` = (b) / (a) throughput, the median of the rounds' ratios
 (each round's two sides measured back to back, under the same load), printed with every
 round's and their spread. Sized so that each side runs for seconds, not a fraction of one,
 and for nine rounds: on two shared cores three runs of nine agreed within 6% (0.684, 0.720,
@@ -19,7 +19,9 @@ process (`loops`: the bare loops, or the worker), the replicas, the broker when 
 machine's launcher runs, and the reader (its own count); `cpu_s_per_trajectory` is each
 component's median over the rounds per trajectory, `trajectories_per_core_s` its inverse
 (what one core of it sustains), `worker_cpu_ratio_to_direct` the worker's CPU per trajectory
-over the bare loops'.
+over the bare loops'. `compute_busy_runs`: per side and round, the CPU seconds of what runs on
+the loops' core (the loops or worker, the replicas) over the round's wall time; near 1 on both
+sides, the cores never waited on Kafka and the ratio is one of CPU per trajectory.
 
 The fair CPU split (`parts.cores.CoreSplit`, on by default, `--cpu-split 0` turns it off): on both
 sides the loops and the replicas run on one core, the broker and the reader on another, so
