@@ -1,17 +1,17 @@
 """`rollout bench agent-loop`: what Kafka costs the agent loops.
 
-The same number of prompts, on the same replicas, run (a) by calling the agent loops directly
-in one process, bounded to the same concurrency as the worker, and (b) through the pipeline:
-the prompts waiting on the prompts topic (produced before the clock starts, as (a)'s wait in
-memory) → the agent-loop worker → every turn on the turns topic, consumed by a reader until
-every trajectory's final turn has arrived. Each phase gets fresh
-prompts of the same shape (so neither profits from the other's prefix cache), phases
-alternate, their order turning every other round (a, b, b, a, ...: `common.interleaved`). `ratio` = (b) / (a) throughput, the median of the rounds' ratios
-(each round's two sides measured back to back, under the same load), printed with every
-round's and their spread. Sized so that each side runs for seconds, not a fraction of one,
-and for nine rounds: on two shared cores three runs of nine agreed within 6% (0.684, 0.720,
-0.716) where three of five did not on the same day (0.639, 0.775, 0.660), and under a second
-of work they did not at all.
+The same number of prompts, on the same replicas, run (a) by calling the agent loops
+directly in one process, bounded to the same concurrency as the worker, and (b) through the
+pipeline: the prompts waiting on the prompts topic (produced before the clock starts, as
+(a)'s wait in memory) → the agent-loop worker → every turn on the turns topic, consumed by a
+reader until every trajectory's final turn has arrived. Each phase gets fresh prompts of the
+same shape (so neither profits from the other's prefix cache), phases alternate, their order
+turning every other round (a, b, b, a, ...: `common.interleaved`). `ratio` = (b) / (a)
+throughput, the median of the rounds' ratios (each round's two sides measured back to back,
+under the same load), printed with every round's and their spread. Sized so that each side
+runs for seconds, not a fraction of one, and for nine rounds: on two shared cores three runs
+of nine agreed within 6% (0.684, 0.720, 0.716) where three of five did not on the same day
+(0.639, 0.775, 0.660), and under a second of work they did not at all.
 
 The reader of the turns topic runs in a process of its own (`parts.agent_loop_procs`, as a
 downstream stage would). CPU (`common.cpu_seconds`), over each side's timed window only: this

@@ -14,11 +14,11 @@ Delivery (at-least-once, de-duplicated downstream):
 - Backpressure: at most `max_samples_in_flight` samples run, each prompt counted by its own
   `n` (a prompt that does not fit is fetched again later; one that alone exceeds the bound
   runs when nothing else does). A sample's slot is free once its agent loop returned: the
-  acknowledgement of its turns (`turns_linger_ms` of batching, then the broker's round
-  trip) holds the prompt's offset, not a generation slot. When full, or when the staleness gate is closed, the worker
-  takes no record; what aiokafka fetched ahead waits in its buffer (one fetch per partition
-  at most: it fetches a partition again only once that is taken), and after `PAUSE_AFTER_S`
-  of it the partitions are paused, which keeps the worker polling.
+  acknowledgement of its turns (`turns_linger_ms` of batching, then the broker's round trip)
+  holds the prompt's offset, not a generation slot. When full, or when the staleness gate is
+  closed, the worker takes no record; what aiokafka fetched ahead waits in its buffer (one
+  fetch per partition at most: it fetches a partition again only once that is taken), and
+  after `PAUSE_AFTER_S` of it the partitions are paused, which keeps the worker polling.
 - Rebalance: the revoked partitions' unfinished prompts are cancelled, what is finished is
   committed, the rest is redelivered to the new owner, whose regenerated events carry a new
   `attempt_id`.
