@@ -113,6 +113,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`rollout model init --preset vl`: the tiny LLaVA with its processor."""
+    from workers.llm.model_init import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "vl", preset="vl", seed=0)
+
+
+@pytest.fixture(scope="session")
 def family_model(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Callable[[str], Path]:

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 
 from pipeline.config import load_config
 from pipeline.data.producer import PromptProducer
@@ -32,6 +29,7 @@ from schemas.deadletter import DeadLetter
 from schemas.events import TrainingGroup
 from schemas.media import ImageRef
 from tests.integration.agent_helpers import read_turns, run_worker_until
+from tests.integration.trainer_helpers import image_group, png
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.worker import AgentLoopWorker
 from workers.kafka.clients import make_consumer
@@ -42,12 +40,6 @@ from workers.trainer.images import BatchImages, load_policy
 from workers.trainer.step import response_log_probs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-
-def _png(color: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (16, 16), color).save(out, format="PNG")
-    return out.getvalue()
 
 
 def _letters(kafka_config, topic: str, count: int) -> list[DeadLetter]:
@@ -68,12 +60,12 @@ async def test_bad_images_are_dead_lettered_with_their_reasons_and_text_prompts_
     kafka_config, topics_config, tiny_model, hf_replicas, unique, tmp_path: Path
 ) -> None:
     media = MediaConfig(store_dir=str(tmp_path / "store"))
-    (tmp_path / "gone.png").write_bytes(_png((0, 0, 200)))
+    (tmp_path / "gone.png").write_bytes(png((0, 0, 200)))
     verl = tmp_path / "geo.parquet"
     row = {
         "data_source": "openai/gsm8k",
         "prompt": [{"role": "user", "content": "<image>What is 1 + 1?"}],
-        "images": [{"bytes": _png((200, 0, 0)), "path": None}],
+        "images": [{"bytes": png((200, 0, 0)), "path": None}],
         "reward_model": {"ground_truth": "2"},
     }
     pq.write_table(pa.Table.from_pylist([row]), verl)
@@ -119,7 +111,7 @@ async def test_bad_images_are_dead_lettered_with_their_reasons_and_text_prompts_
         ]
     assert [r.sent for r in reports] == [1, 1, 2] and not any(r.errors for r in reports)
     stored = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
-    gone_sha = hashlib.sha256(_png((0, 0, 200))).hexdigest()
+    gone_sha = hashlib.sha256(png((0, 0, 200))).hexdigest()
     assert len(stored) == 2 and gone_sha in {p.name for p in stored}
     (tmp_path / "store" / gone_sha[:2] / gone_sha).unlink()  # gone before the agent loop runs
 
@@ -152,14 +144,6 @@ async def test_bad_images_are_dead_lettered_with_their_reasons_and_text_prompts_
         kafka_config, topics_config.name("turns"), until=lambda ts: any(t.final for t in ts)
     )
     assert {t.uid for t in turns} == {"text"} and turns[0].images is None
-
-
-@pytest.fixture(scope="module")
-def vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`rollout model init --preset vl`: the tiny LLaVA with its processor."""
-    from workers.llm.model_init import init_model
-
-    return init_model(tmp_path_factory.mktemp("models") / "vl", preset="vl", seed=0)
 
 
 def _groups(kafka_config, topic: str, count: int) -> list[TrainingGroup]:
@@ -201,13 +185,13 @@ def image_flow(
     within 1e-4, and the two prompts' logprobs differ (tests/vllm/test_images.py: on vLLM)."""
     prefix = topics_config.prefix
     store = tmp_path / "store"
-    (tmp_path / "blue.png").write_bytes(_png((0, 0, 220)))
+    (tmp_path / "blue.png").write_bytes(png((0, 0, 220)))
     verl = tmp_path / "geo.parquet"
     question = "What is 1 + 1?"
     row = {
         "data_source": "openai/gsm8k",
         "prompt": [{"role": "user", "content": "<image>" + question}],
-        "images": [{"bytes": _png((220, 0, 0)), "path": None}],
+        "images": [{"bytes": png((220, 0, 0)), "path": None}],
         "reward_model": {"ground_truth": "2"},
     }
     pq.write_table(pa.Table.from_pylist([row]), verl)
@@ -307,48 +291,6 @@ def image_flow(
     assert apart > 1e-3
 
 
-def _image_group(
-    policy: Any, processor: Any, uid: str, ref: ImageRef, data: bytes
-) -> TrainingGroup:
-    """A group of two samples on one image prompt, with the policy's own logprobs."""
-    from schemas.events import ExtraFields, ScoredTrajectory
-
-    text = "<|im_start|>user\n<image>What is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
-    enc = processor(text=text, images=[Image.open(io.BytesIO(data))], return_tensors="pt")
-    prompt = enc["input_ids"][0].tolist()
-    samples = []
-    for i, response in enumerate(([17, 18, 2], [19, 20, 21, 2])):
-        with torch.no_grad():
-            ids = torch.tensor([prompt + response])
-            logits = policy(input_ids=ids, pixel_values=enc["pixel_values"]).logits[0]
-        logp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-        samples.append(
-            ScoredTrajectory(
-                uid=uid,
-                trajectory_id=f"{uid}/{i}",
-                sample_index=i,
-                attempt_id=f"{uid}-att-{i}",
-                data_source="test",
-                prompt_ids=prompt,
-                response_ids=response,
-                response_mask=[1] * len(response),
-                response_logprobs=[logp[j, t].item() for j, t in enumerate(response)],
-                num_turns=1,
-                reward_score=float(i),
-                extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
-                images=[ref],
-            )
-        )
-    return TrainingGroup(
-        uid=uid,
-        samples=samples,
-        advantages=[-0.5, 0.5],
-        min_global_steps=0,
-        max_global_steps=0,
-        emitted_at_version=0,
-    )
-
-
 def test_a_group_whose_image_is_gone_is_dead_lettered_and_the_next_trains(
     kafka_config, topics_config, vl_model, tmp_path: Path
 ) -> None:
@@ -364,13 +306,13 @@ def test_a_group_whose_image_is_gone_is_dead_lettered_and_the_next_trains(
     from workers.trainer.trainer import run_trainer
 
     store = MediaStore(tmp_path / "store")
-    red, blue = _png((220, 0, 0)), _png((0, 0, 220))
+    red, blue = png((220, 0, 0)), png((0, 0, 220))
     gone, kept = store.put(red, "image/png"), store.put(blue, "image/png")
     policy = load_policy(vl_model, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(vl_model)
     groups = [
-        _image_group(policy, processor, "gone", gone, red),
-        _image_group(policy, processor, "kept", kept, blue),
+        image_group(policy, processor, "gone", gone, red),
+        image_group(policy, processor, "kept", kept, blue),
     ]
     store.path(gone.sha256).unlink()  # after the rollout, before the trainer
     produce(kafka_config, topics_config.name("replay"), groups)

@@ -1,16 +1,20 @@
-"""Helpers for trainer tests: TrainingGroups with real tiny-model tokens and behaviour logprobs."""
+"""Helpers for trainer tests: TrainingGroups with real tiny-model tokens and behaviour logprobs
+(image groups of the `vl` preset too)."""
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from PIL import Image
 
 from schemas.codec import decode, encode, headers_for
 from schemas.events import ExtraFields, PolicyVersion, ScoredTrajectory, TrainingGroup
+from schemas.media import ImageRef
 from workers.kafka.clients import make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 
@@ -133,3 +137,49 @@ def small_trainer_config(
     }
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def png(color: tuple[int, int, int]) -> bytes:
+    """A 16 x 16 PNG of one colour."""
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), color).save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_group(policy: Any, processor: Any, uid: str, ref: ImageRef, data: bytes) -> TrainingGroup:
+    """A group of two samples on one image prompt (the `vl` preset's template), with the
+    policy's own logprobs."""
+    text = "<|im_start|>user\n<image>What is 1 + 1?<|im_end|>\n<|im_start|>assistant\n"
+    enc = processor(text=text, images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+    prompt = enc["input_ids"][0].tolist()
+    samples = []
+    for i, response in enumerate(([17, 18, 2], [19, 20, 21, 2])):
+        with torch.no_grad():
+            ids = torch.tensor([prompt + response])
+            logits = policy(input_ids=ids, pixel_values=enc["pixel_values"]).logits[0]
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        samples.append(
+            ScoredTrajectory(
+                uid=uid,
+                trajectory_id=f"{uid}/{i}",
+                sample_index=i,
+                attempt_id=f"{uid}-att-{i}",
+                data_source="test",
+                prompt_ids=prompt,
+                response_ids=response,
+                response_mask=[1] * len(response),
+                response_logprobs=[logp[j, t].item() for j, t in enumerate(response)],
+                num_turns=1,
+                reward_score=float(i),
+                extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
+                images=[ref],
+            )
+        )
+    return TrainingGroup(
+        uid=uid,
+        samples=samples,
+        advantages=[-0.5, 0.5],
+        min_global_steps=0,
+        max_global_steps=0,
+        emitted_at_version=0,
+    )

@@ -4,8 +4,10 @@ Roles:
 - Rank 0 is the ordinary `Trainer` (consumer, staleness, dedup, ledger, step log, checkpoint
   positions, `PolicyVersion`), with three hooks replaced: the policy is built sharded, a step is
   `sharded_train_step`, a checkpoint is written collectively. Before each step it broadcasts the
-  step's groups (their Kafka bytes, decoded and collated identically on every rank); before each
-  checkpoint it broadcasts the version; when it stops it broadcasts stop.
+  step's groups (their Kafka bytes, decoded and collated identically on every rank), then, for a
+  vision-language policy, the batch's pixel values (`send_pixels`: the other ranks read no media
+  store, so they need none, and see exactly the pixels rank 0 checked); before each checkpoint
+  it broadcasts the version; when it stops it broadcasts stop.
 - Ranks > 0 (`_follow`) only obey those commands. They read nothing from Kafka and decide
   nothing, so the exactly-once accounting is the one-process trainer's, unchanged: the groups
   of a step, the weights they produced and the offsets after them are checkpointed together.
@@ -52,13 +54,15 @@ __all__ = [
     "build_policy",
     "init_ranks",
     "leave_rank",
+    "recv_pixels",
     "run_sharded_trainer",
+    "send_pixels",
     "world_size",
 ]
 
 log = logging.getLogger("rollout.trainer.sharded")
 
-STOP, STEP, SAVE = 0, 1, 2
+STOP, STEP, SAVE, PIXELS = 0, 1, 2, 3
 SHARDED_DIR = "sharded"
 CONTROL_TIMEOUT = timedelta(days=30)
 
@@ -122,19 +126,13 @@ def _shard(model: Any, ranks: Ranks, precision: str) -> Any:
 
 
 def build_policy(config: TrainerConfig, source: Path, state: TrainerState, ranks: Ranks) -> Policy:
-    """The sharded policy from `source`, its AdamW restored from `sharded/step-<version>/`
-    when the checkpoint has one, and the sharded frozen reference when `kl_coef > 0`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if hasattr(AutoConfig.from_pretrained(str(source)), "vision_config"):
-        # Not yet: the sharded step would need each rank's pixels (`workers.trainer.images`).
-        raise TrainerError(
-            f"{source} is a vision-language model: the sharded trainer (world_size > 1) does "
-            "not train one yet; run the trainer as one process"
-        )
+    """The sharded policy from `source` (a vision-language one too: its vision tower's layers
+    are sharded like the decoder's), its AdamW restored from `sharded/step-<version>/` when the
+    checkpoint has one, and the sharded frozen reference when `kl_coef > 0`."""
+    from workers.trainer.images import load_policy
 
     def load(path: str | Path) -> Any:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        model = load_policy(path, dtype=torch.float32)
         return _shard(model.to(ranks.device), ranks, config.precision)
 
     model = load(source)
@@ -149,7 +147,7 @@ def build_policy(config: TrainerConfig, source: Path, state: TrainerState, ranks
     ref = None
     if config.kl_coef > 0:
         ref = load(state.source_model or config.model_dir).eval().requires_grad_(False)
-    pad = model.config.pad_token_id
+    pad = model.config.get_text_config().pad_token_id  # a VL model: its LM's
     return Policy(model, optimizer, ref, int(pad) if pad is not None else 0)
 
 
@@ -235,6 +233,36 @@ def _recv(ranks: Ranks) -> tuple[int, int, list[bytes]]:
     return kind, value, out
 
 
+def send_pixels(ranks: Ranks, pixels: list[torch.Tensor | None]) -> None:
+    """Rank 0: a batch's pixel values (one tensor per sample, None without images) to the
+    other ranks, as raw float32 with their shapes (no pickle)."""
+    _send(ranks, PIXELS, payload=[b"" if p is None else _tensor_bytes(p) for p in pixels])
+
+
+def recv_pixels(ranks: Ranks, device: torch.device) -> list[torch.Tensor | None]:
+    """Ranks > 0: what `send_pixels` sent, on `device`."""
+    kind, _, payload = _recv(ranks)
+    if kind != PIXELS:
+        raise TrainerError(f"rank {ranks.rank}: expected the step's pixels, got command {kind}")
+    return [_tensor_from(b).to(device) if b else None for b in payload]
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A float32 tensor as (ndim, shape..., data), little-endian int64 header."""
+    data = tensor.detach().to("cpu", torch.float32).contiguous()
+    head = torch.tensor([data.dim(), *data.shape], dtype=torch.int64)
+    return head.numpy().astype("<i8").tobytes() + data.numpy().astype("<f4").tobytes()
+
+
+def _tensor_from(raw: bytes) -> torch.Tensor:
+    import numpy as np
+
+    ndim = int(np.frombuffer(raw, dtype="<i8", count=1)[0])
+    shape = [int(x) for x in np.frombuffer(raw, dtype="<i8", count=ndim, offset=8)]
+    data = np.frombuffer(raw, dtype="<f4", offset=8 * (ndim + 1))
+    return torch.from_numpy(data.copy()).reshape(shape)
+
+
 def _batch(payload: list[bytes], pad_token_id: int, device: torch.device) -> Any:
     from schemas.codec import decode
     from workers.trainer.batching import collate_groups
@@ -256,6 +284,11 @@ class ShardedTrainer(Trainer):
     def _step(self, pending: Any) -> None:
         _send(self.ranks, STEP, payload=[item.value for item in pending.train])
         super()._step(pending)
+
+    def _attach_images(self, batch: Any) -> Any:
+        batch = super()._attach_images(batch)
+        send_pixels(self.ranks, batch.pixels)
+        return batch
 
     def _train(self, batch: Any) -> dict[str, Any]:
         from workers.trainer.sharded_step import sharded_train_step
@@ -299,6 +332,8 @@ def _follow(config: TrainerConfig, ranks: Ranks) -> None:
             return
         if kind == STEP:
             batch = _batch(payload, policy.pad_token_id, ranks.device)
+            if batch.images is not None:  # rank 0 attached them and sends them next
+                batch.pixels = recv_pixels(ranks, ranks.device)
             sharded_train_step(
                 policy.model,
                 policy.optimizer,

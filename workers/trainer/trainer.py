@@ -189,6 +189,11 @@ class Trainer:
 
         return train_step(self.model, self.optimizer, batch, self.config, ref_model=self.ref_model)
 
+    def _attach_images(self, batch: Any) -> Any:
+        """`batch` with the pixel values of its images (a hook, like `_train`: the sharded
+        trainer sends them to its other ranks, which read no store)."""
+        return self._batch_images().attach(batch)
+
     def _save(self, state: TrainerState) -> Path:
         """Write the checkpoint of `state` with the current weights (a hook, like `_train`)."""
         return save_checkpoint(
@@ -415,7 +420,7 @@ class Trainer:
         lags = [staleness(version, g.min_global_steps) for g in groups]
         batch = collate_groups(groups, pad_token_id=self.pad_token_id).to(self.device)
         if batch.images is not None:  # a vision-language policy: the rollout's pixels again
-            batch = self._batch_images().attach(batch)
+            batch = self._attach_images(batch)
         routed = batch.routed_experts or []
         if self.config.router_replay == "r3" and sum(r is not None for r in routed) < len(batch):
             # Not fatal (those samples are routed live), but replay is then not what runs.
