@@ -11,7 +11,8 @@ Parity: for two images, the logprobs vLLM returns for its generated tokens equal
 recomputation (its policy loader and image processor, fp32) within 1e-4, and another image
 gives other logprobs. This held only once the adapter sent one `<image>` per image: vLLM expands
 a token-in prompt's placeholder itself, and an already-expanded run was expanded again (the gap
-was up to 0.1; `vllm_mapping.collapse_image_placeholders`).
+was up to 0.1; `vllm_mapping.collapse_image_placeholders`). After `/update_weights` to a
+checkpoint the trainer wrote (`save_checkpoint`), vLLM serves exactly that checkpoint's policy.
 """
 
 from __future__ import annotations
@@ -75,6 +76,22 @@ class _Trainer:
         return [logp[i, t].item() for i, t in enumerate(tokens)]
 
 
+def _trainer_checkpoint(model: Path, root: Path) -> Path:
+    """The policy of `model` with every weight moved a little, written as the trainer writes a
+    checkpoint (`save_checkpoint`): what `/update_weights` loads after a step."""
+    import torch
+
+    from workers.trainer.checkpoint import TrainerState, save_checkpoint
+    from workers.trainer.images import load_policy
+
+    policy = load_policy(model, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    return save_checkpoint(root, TrainerState(version=1), policy, tokenizer_from=model)
+
+
 def test_an_image_prompt_through_vllm_has_the_trainers_logprobs(tmp_path: Path) -> None:
     from PIL import Image
     from transformers import AutoProcessor
@@ -90,6 +107,7 @@ def test_an_image_prompt_through_vllm_has_the_trainers_logprobs(tmp_path: Path) 
     ][0])  # fmt: skip
     assert prompt.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == 4
     answers = {}
+    updated = _trainer_checkpoint(model, tmp_path / "ckpt")
     with Replica(model, free_port(), tmp_path / "replica.log", max_model_len=256) as replica:
         for name, data in images.items():
             body = replica.complete(
@@ -98,7 +116,22 @@ def test_an_image_prompt_through_vllm_has_the_trainers_logprobs(tmp_path: Path) 
             )  # fmt: skip
             (choice,) = body["choices"]
             answers[name] = (choice["token_ids"], choice["logprobs"]["token_logprobs"])
+        # A weight update from a checkpoint the trainer wrote: vLLM serves exactly it.
+        replica.update_weights(updated, 1)
+        body = replica.complete(
+            prompt=prompt, max_tokens=TOKENS, temperature=1.0, seed=0, logprobs=0,
+            images=[_ref(images["red"])],
+        )  # fmt: skip
+        (choice,) = body["choices"]
+        after = (choice["token_ids"], choice["logprobs"]["token_logprobs"])
+        assert body["policy_version"] == 1, body
+    new = _Trainer(updated).logprobs(prompt, images["red"], after[0])
+    gap = max(abs(a - b) for a, b in zip(new, after[1], strict=True))
+    print(f"after the update: vLLM vs the trainer's checkpoint max |diff| {gap:.2e}")
+    assert gap < 1e-4, (after, new)
     trainer = _Trainer(model)
+    stale = trainer.logprobs(prompt, images["red"], after[0])
+    assert max(abs(a - b) for a, b in zip(stale, after[1], strict=True)) > 1e-3  # it moved
     for name, (tokens, logprobs) in answers.items():
         assert len(tokens) == TOKENS and len(logprobs) == TOKENS, answers
         want = trainer.logprobs(prompt, images[name], tokens)
