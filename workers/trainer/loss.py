@@ -32,8 +32,11 @@ N and S are those of the whole optimiser update (pass `token_count`/`seq_count` 
 update is split into micro-batches, so the micro-batch losses add up to the update's).
 
 KL estimators of KL(π_θ ‖ π_ref) per token, with x = log π_θ − log π_ref (Schulman's k1/k2/k3;
-verl's `kl_loss_type` names in brackets): k1 = x [`kl`], k2 = x²/2 [`mse`],
-k3 = exp(−x) − 1 + x [`low_var_kl`], clamped to [−10, 10] as verl does.
+verl's `kl_loss_type` names in brackets), exactly as verl computes them: k1 = x [`kl`],
+k2 = x²/2 [`mse`], both unclamped; k3 = exp(d) − d − 1 with d = clamp(−x, ±20) [`low_var_kl`]
+(clamped before the exponential, which would overflow, and so make the gradient NaN, for x
+below about −88), the result clamped to [−10, 10]. Masked positions (m_t = 0) are set to x = 0
+before any of it, so a tool token far from the reference cannot poison the gradient.
 
 With one optimiser update per step the proximal policy is the current one: pass
 `old_log_prob = log_prob.detach()`, then r_t = 1 in value (gradient ∇ log π_θ), the clip
@@ -117,20 +120,25 @@ def importance_weights(
 
 
 def kl_penalty(
-    log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: KLEstimator
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    estimator: KLEstimator,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) (module docstring), clamped to ±10."""
+    """Per-token estimate of KL(π_θ ‖ π_ref) (module docstring); 0 where `mask` is 0, whose
+    positions never enter the arithmetic (no inf there to multiply by a zero weight)."""
     kind = KL_ESTIMATORS.get(estimator, estimator)
     x = log_prob - ref_log_prob
+    if mask is not None:
+        x = torch.where(mask > 0, x, torch.zeros_like(x))
     if kind == "k1":
-        kl = x
-    elif kind == "k2":
-        kl = 0.5 * x.square()
-    elif kind == "k3":
-        kl = torch.exp(-x) - 1.0 + x
-    else:
-        raise ValueError(f"unknown KL estimator {estimator!r}")
-    return kl.clamp(-_KL_BOUND, _KL_BOUND)
+        return x
+    if kind == "k2":
+        return 0.5 * x.square()
+    if kind == "k3":
+        d = (-x).clamp(-_SAFETY, _SAFETY)  # verl's low_var_kl: clamp, then exp
+        return (torch.exp(d) - d - 1.0).clamp(-_KL_BOUND, _KL_BOUND)
+    raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
 def agg_loss(
@@ -230,7 +238,7 @@ def policy_loss(
         loss = loss - entropy_coeff * agg(entropy)
     kl = None
     if ref_log_prob is not None:
-        kl = kl_penalty(log_prob, ref_log_prob.detach(), kl_loss_type)
+        kl = kl_penalty(log_prob, ref_log_prob.detach(), kl_loss_type, mask)
         if kl_coef:
             loss = loss + kl_coef * agg(kl)
 
