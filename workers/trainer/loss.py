@@ -64,6 +64,7 @@ import torch
 
 __all__ = [
     "KL_ESTIMATORS",
+    "METRIC_KEYS",
     "LossAggMode",
     "PolicyLoss",
     "agg_loss",
@@ -82,6 +83,22 @@ LossAggMode = Literal[
 ]
 KLEstimator = Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl"]
 KL_ESTIMATORS: dict[str, str] = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+#: The keys of `PolicyLoss.metrics`, every call the same.
+METRIC_KEYS = (
+    "tokens",
+    "pg_loss_sum",
+    "pg_clipfrac_sum",
+    "pg_clipfrac_lower_sum",
+    "ppo_kl_sum",
+    "is_weight_sum",
+    "is_weight_min",
+    "is_weight_max",
+    "is_weight_raw_max",
+    "is_truncated_sum",
+    "behav_kl_sum",
+    "entropy_sum",
+    "kl_ref_sum",
+)
 
 
 @dataclass
