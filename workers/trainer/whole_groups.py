@@ -148,9 +148,13 @@ def grpo_batches(
     max_wait_s: float | None,
     group_timeout_s: float | None,
     pad_token_id: int,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
 ) -> Iterator[Any]:
-    """`TrajectoryConsumer.batches(size, advantages="grpo")` over `rl.scored`: batches of at
-    least `size` whole groups with their GRPO advantages.
+    """`TrajectoryConsumer.batches(size, advantages=...)` over `rl.scored`: batches of at
+    least `size` whole groups with their GRPO advantages (`schemas.advantages`, with
+    `norm_by_std` and `eps` the replay stage's `norm_adv_by_std` and `adv_eps`).
 
     A batch is made of whole released runs (so it may hold a few more than `size` groups when
     groups finish together): its partitions' positions then move to the end of those runs,
@@ -166,7 +170,12 @@ def grpo_batches(
 
     def batch() -> Any:
         samples = [s for group in ready for s in group]
-        adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
+        adv = grpo_advantages(
+            [s.reward_score for s in samples],
+            [s.uid for s in samples],
+            norm_by_std=norm_by_std,
+            eps=eps,
+        )
         for partition, position in ready_positions.items():
             if held.holds(partition):
                 consumer._hold[partition] = position
