@@ -67,6 +67,10 @@
 #   SLEEP_CHECK      0 skips the sleep-mode check (default 1; vllm)
 #   VL_CHECK         0 skips the vision-language check (default 1; vllm): the `vl` preset
 #                    (tiny LLaVA) through vLLM's offline engine, tests/gpu/test_vl_vllm.py
+#   BENCH_CHECK      0 skips step 1c (default 1): `rollout bench train-step --geometry
+#                    qwen2-0.5b --batch rl` (the trainer's tokens/s against bare padded and
+#                    packed passes, MFU; bench-train-step.json) and the sharded trainer on
+#                    NCCL, one torchrun rank for two steps (tests/gpu/test_sharded_nccl.py)
 # Exit status: 0 when the trainer check and every contract test passed.
 set -uo pipefail
 
@@ -85,6 +89,8 @@ ROUTING_RESULT="not run"
 TRANSFER_RESULT="not run"
 SLEEP_RESULT="not run"
 VL_RESULT="not run"
+BENCH_RESULT="not run"
+SHARDED_RESULT="not run"
 PY=${PYTHON:-python3}
 
 log() { printf '[gpu_check +%3ss] %s\n' "$(($(date +%s) - START))" "$*"; }
@@ -145,6 +151,8 @@ cleanup() {
   echo "================ gpu_check summary ================"
   echo "backend:   $BACKEND"
   echo "trainer:   $TRAINER_RESULT"
+  echo "bench:     $BENCH_RESULT"
+  echo "sharded:   $SHARDED_RESULT"
   echo "routing:   $ROUTING_RESULT"
   echo "transfer:  $TRANSFER_RESULT"
   echo "sleep:     $SLEEP_RESULT"
@@ -195,6 +203,20 @@ PYTEST=("$PY" -m pytest -m gpu -o addopts="" --noconftest -p no:cacheprovider -v
 # ------------------------------------------------------------------ 1b. the trainer on the GPU
 if [[ "${TRAINER_CHECK:-1}" != 0 ]]; then
   check TRAINER_RESULT trainer 300 tests/gpu/test_trainer_device.py
+fi
+# ------------------------------------------------------------------ 1c. the trainer's pace
+if [[ "${BENCH_CHECK:-1}" != 0 ]]; then
+  log "rollout bench train-step --geometry qwen2-0.5b --batch rl (log: $WORK/bench-train-step.log)"
+  if timeout 900 "$PY" -m pipeline.cli.main bench train-step --device cuda --geometry qwen2-0.5b \
+      --batch rl --rounds 3 --json >"$WORK/bench-train-step.json" 2>"$WORK/bench-train-step.log"; then
+    BENCH_RESULT="passed: $(tail -n 1 "$WORK/bench-train-step.json")"
+  else
+    tail -n 20 "$WORK/bench-train-step.log"
+    BENCH_RESULT="failed: see the end of $WORK/bench-train-step.log above"
+  fi
+  log "bench: $BENCH_RESULT"
+  save_logs "$WORK/bench-train-step.json" "$WORK/bench-train-step.log"
+  check SHARDED_RESULT sharded 300 tests/gpu/test_sharded_nccl.py
 fi
 if [[ "$BACKEND" == vllm ]] && ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
   die "$PY lacks: vllm (it has to be in the image; see the header of $0)"
@@ -345,6 +367,7 @@ fi
 if [[ "${TRAINER_CHECK:-1}" != 0 && "$TRAINER_RESULT" != passed* ]]; then
   exit 1
 fi
-for result in "$ROUTING_RESULT" "$TRANSFER_RESULT" "$SLEEP_RESULT" "$VL_RESULT"; do
+for result in "$ROUTING_RESULT" "$TRANSFER_RESULT" "$SLEEP_RESULT" "$VL_RESULT" "$BENCH_RESULT" \
+    "$SHARDED_RESULT"; do
   [[ "$result" != failed* ]] || exit 1
 done
