@@ -225,7 +225,7 @@ def run(
     geometry: str = "tiny",
     batch: str = "rl",
     rounds: int = 5,
-    threads: int = 2,
+    threads: int = 1,
     micro_batch_size: int = 8,
     max_tokens: int = 0,
     padded_step: int = 1,

@@ -293,7 +293,7 @@ BENCHES: tuple[Bench, ...] = (
             "geometry": ("tiny", "Model shape, random weights: tiny or qwen2-0.5b."),
             "batch": ("rl", "rl (RL-shaped lengths) or uniform."),
             "rounds": (5, "Measured rounds (each side's figure: its fastest)."),
-            "threads": (2, "torch intra-op threads."),
+            "threads": (1, "torch intra-op threads (1: steadier on a shared CPU)."),
             "micro_batch_size": (8, "Samples per micro-batch of the padded sides."),
             "max_tokens": (0, "Token budget of a packed micro-batch (0: as many as by count)."),
             "padded_step": (1, "1: also time the step in the padded layout (the old trainer)."),

@@ -9,15 +9,17 @@ its input (the last hidden state, after the final norm) and hands the head an em
 the model computes no logits at all; inside the hook, still within the model's forward (an
 FSDP2 root keeps its parameters gathered there), `head_log_probs` computes, for the rows that
 predict a selected token only, logits → log-softmax → the target's logprob and the entropy,
-`chunk_tokens` rows at a time. With a gradient each chunk is checkpointed (its fp32 logits
-are recomputed in the backward), so memory holds one chunk's [chunk, V] logits, never
-[tokens, V]. `chunk_tokens=None` is the reference: one piece, nothing recomputed; the chunked
-result equals it up to float summation order (tests: within 1e-6).
+`chunk_tokens` rows at a time (`workers.trainer.head`: one autograd function that keeps
+only the log-sum-exp and the entropy of each row and recomputes a chunk's logits in the
+backward), so memory holds one chunk's [chunk, V] logits, never [tokens, V].
+`chunk_tokens=None` is the reference: plain autograd through log-softmax, gather and entropy
+on all rows at once; the chunked result equals it up to float summation order (tests: within
+1e-6).
 
 The log-softmax and what follows are fp32, whatever the precision of the forward (bf16 under
 autocast: the matmul in bf16, as the model's own head would run it). A head with
-`final_logit_softcapping` in its config (Gemma) is capped as the model caps it; other logit
-transforms are not known to this module.
+`final_logit_softcapping` in its config (Gemma) is capped as the model caps it (its chunks
+go through autograd, each checkpointed); other logit transforms are not known to this module.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from workers.llm.replicas.hf_images import image_token_id, plain_image_tokens
 from workers.trainer.attention import packed_attention
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.exceptions import TrainerError
+from workers.trainer.head import chunked_head
 from workers.trainer.packing import Layout, layout
 
 __all__ = ["DEFAULT_CHUNK", "forward_log_probs", "head_log_probs", "response_log_probs"]
@@ -72,6 +75,10 @@ def head_log_probs(
     n = hidden.shape[0]
     if chunk_tokens is None or n == 0:
         return _chunk(hidden, weight, bias, targets, softcap, entropy_grad)
+    if not softcap:
+        logp, entropy = chunked_head(hidden, weight, bias, targets, chunk_tokens)
+        return logp, entropy if entropy_grad else entropy.detach()
+    # A capped head (Gemma): each chunk through autograd, checkpointed (recomputed).
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     parts = []
     for lo in range(0, n, chunk_tokens):
@@ -80,9 +87,7 @@ def head_log_probs(
             parts.append(checkpoint(_chunk, *args, softcap, entropy_grad, use_reentrant=False))
         else:
             parts.append(_chunk(*args, softcap, entropy_grad))
-    logp = torch.cat([p[0] for p in parts])
-    entropy = torch.cat([p[1] for p in parts])
-    return logp, entropy
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def _image_token(model: Any) -> int:
