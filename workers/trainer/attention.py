@@ -21,8 +21,8 @@ Invariants:
   the previous implementation on exit, also when the forward raises. No mask is built for a
   packed forward (transformers builds masks only for implementations it registered masks for).
 - A forward under `PACKED` without `cu_seq_lens_q` is an error, not a silent causal row.
-- Sliding-window layers are refused (`TrainerError`): none of the per-sequence paths applies a
-  window.
+- Sliding-window layers, attention logit capping and attention sinks are refused
+  (`TrainerError`): none of the paths here applies them (set `trainer.packed: false`).
 - A fused path that fails on its first call (an older torch's `varlen_attn` signature, a GPU
   it does not support) is logged once and replaced by the per-sequence path for the process.
 """
@@ -146,6 +146,9 @@ def packed_attention_forward(
         raise TrainerError("packed attention has no sliding window; this layer has one")
     if dropout:
         raise TrainerError("packed attention runs without attention dropout")
+    unsupported = [k for k in ("softcap", "s_aux") if kwargs.get(k) is not None]
+    if unsupported:  # attention logit capping (Gemma 2), sinks (GPT-OSS): not computed here
+        raise TrainerError(f"packed attention does not apply {', '.join(unsupported)}")
     path = attention_path(query.device, query.dtype)
     max_length = int(max_length_q) if max_length_q is not None else query.shape[2]
     if path == "flash_attention_2":
