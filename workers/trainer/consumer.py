@@ -36,13 +36,12 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from kafka import ConsumerRebalanceListener, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from schemas.advantages import EPS
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TrainingGroup
@@ -53,29 +52,13 @@ from workers.kafka.exceptions import KafkaUnavailableError
 from workers.metrics import StageMetrics
 from workers.trainer.batching import TrajectoryBatch, collate, collate_groups
 from workers.trainer.exceptions import ConsumerClosedError
+from workers.trainer.whole_groups import REPLAY_DEFAULTS, AdvantageSettings
 
 __all__ = ["AdvantageSettings", "ConsumerClosedError", "Item", "TrajectoryConsumer", "position_key"]
 
 log = logging.getLogger("rollout.trainer.consumer")
 
 _KINDS: dict[str, type] = {"replay": TrainingGroup, "scored": ScoredTrajectory}
-
-
-class AdvantageSettings(Protocol):
-    """How GRPO advantages are computed: the replay stage's settings (a run's `cfg.replay`)."""
-
-    @property
-    def norm_adv_by_std(self) -> bool: ...
-
-    @property
-    def adv_eps(self) -> float: ...
-
-
-class _Defaults:
-    """The replay stage's defaults (`advantages="grpo"`)."""
-
-    norm_adv_by_std = True
-    adv_eps = EPS
 
 
 class _State(enum.Enum):
@@ -237,7 +220,7 @@ class TrajectoryConsumer:
         if advantages != "zero" and self.kind is ScoredTrajectory:
             from workers.trainer.whole_groups import grpo_batches
 
-            settings = _Defaults() if advantages == "grpo" else advantages
+            settings = REPLAY_DEFAULTS if advantages == "grpo" else advantages
             assert not isinstance(settings, str)
             yield from grpo_batches(
                 self,

@@ -223,7 +223,6 @@ def policy_loss(
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must exceed 1, got {clip_ratio_c}")
     mask = response_mask.to(log_prob.dtype)
-    tokens = float(mask.sum().item())
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return agg_loss(
@@ -259,26 +258,30 @@ def policy_loss(
         if kl_coef:
             loss = loss + kl_coef * agg(kl)
 
-    with torch.no_grad():
+    with torch.no_grad():  # one device-to-host copy for every figure (a GPU waits once)
         valid = mask > 0
-        any_valid = bool(valid.any())
-        metrics = {
-            "tokens": tokens,
-            "pg_loss_sum": float(_masked_sum(per_token, mask)),
-            "pg_clipfrac_sum": float(_masked_sum((clipped > unclipped).to(mask.dtype), mask)),
-            "pg_clipfrac_lower_sum": float(_masked_sum(lower.to(mask.dtype), mask)),
-            "ppo_kl_sum": float(_masked_sum(-log_ratio, mask)),
-            "is_weight_sum": float(weight.sum()),
-            "is_weight_min": float(weight[valid].min()) if any_valid else float("nan"),
-            "is_weight_max": float(weight[valid].max()) if any_valid else float("nan"),
-            "is_weight_raw_max": float(raw[valid].max()) if any_valid else float("nan"),
-            "is_truncated_sum": float(
-                _masked_sum((raw > rollout_is_threshold).to(mask.dtype), mask)
-            ),
-            "behav_kl_sum": float(_masked_sum(rollout_log_prob - old_log_prob, mask)),
-            "entropy_sum": float(_masked_sum(entropy, mask)) if entropy is not None else 0.0,
-            "kl_ref_sum": float(_masked_sum(kl, mask)) if kl is not None else 0.0,
+        inf = torch.full_like(weight, float("inf"))
+        zero = torch.zeros((), dtype=mask.dtype, device=mask.device)
+        values = {
+            "tokens": mask.sum(),
+            "pg_loss_sum": _masked_sum(per_token, mask),
+            "pg_clipfrac_sum": _masked_sum((clipped > unclipped).to(mask.dtype), mask),
+            "pg_clipfrac_lower_sum": _masked_sum(lower.to(mask.dtype), mask),
+            "ppo_kl_sum": _masked_sum(-log_ratio, mask),
+            "is_weight_sum": weight.sum(),
+            "is_weight_min": torch.where(valid, weight, inf).min(),
+            "is_weight_max": torch.where(valid, weight, -inf).max(),
+            "is_weight_raw_max": torch.where(valid, raw, -inf).max(),
+            "is_truncated_sum": _masked_sum((raw > rollout_is_threshold).to(mask.dtype), mask),
+            "behav_kl_sum": _masked_sum(rollout_log_prob - old_log_prob, mask),
+            "entropy_sum": _masked_sum(entropy, mask) if entropy is not None else zero,
+            "kl_ref_sum": _masked_sum(kl, mask) if kl is not None else zero,
         }
+        floats = torch.stack([v.to(torch.float64) for v in values.values()]).tolist()
+        metrics = dict(zip(values, floats, strict=True))
+        if not metrics["tokens"]:  # no trained token: no extremes
+            for key in ("is_weight_min", "is_weight_max", "is_weight_raw_max"):
+                metrics[key] = float("nan")
     return PolicyLoss(loss=loss, metrics=metrics)
 
 

@@ -46,6 +46,7 @@ from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import TrainerError
 from workers.trainer.loss import METRIC_KEYS, summarize
 from workers.trainer.micro_batches import balanced_shares, first_fit_decreasing, sample_tokens
+from workers.trainer.packing import layout
 from workers.trainer.router_replay import COUNT_KEYS
 from workers.trainer.step import UpdateCounts, micro_loss, train_step
 
@@ -105,12 +106,17 @@ def _update(
     optimizer.zero_grad(set_to_none=True)
     counts = UpdateCounts.of(mb, config)  # the mini-batch's, global: not the share's
     rows: list[list[float]] = []
-    local_loss = torch.zeros((), dtype=torch.float64)
-    for micro, weight in rank_micro_batches(mb, config, rank, world):
-        out = micro_loss(model, micro, config, counts)
+    device = mb["input_ids"].device
+    local_loss = torch.zeros((), dtype=torch.float64, device=device)
+    micros = [
+        (micro, weight, layout(micro, packed=config.packed, trained_only=True))
+        for micro, weight in rank_micro_batches(mb, config, rank, world)
+    ]  # every layout first: none waits on a forward in flight
+    for micro, weight, view in micros:
+        out = micro_loss(model, micro, config, counts, view)
         (out.loss * (world * weight)).backward()
         rows.append(_row(out.metrics, weight))
-        local_loss += float(out.loss.detach()) * weight
+        local_loss += out.loss.detach() * weight
     # The global norm over every shard; max_norm inf when unclipped (the factor is then 1).
     norm = torch.nn.utils.clip_grad_norm_(
         list(model.parameters()), config.max_grad_norm or float("inf")
@@ -120,6 +126,7 @@ def _update(
     if math.isfinite(grad_norm):  # the same on every rank: the norm is global
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    local_loss = local_loss.cpu()  # the control group is gloo
     dist.all_reduce(local_loss, group=group)
     parts = _gather_parts(rows, world, group)
     metrics = summarize(parts)

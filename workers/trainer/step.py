@@ -105,9 +105,11 @@ def response_positions(batch: TrajectoryBatch) -> torch.Tensor:
 def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> torch.Tensor:
     """Response logprobs without a gradient, micro-batch by micro-batch, as one [B, R]."""
     out = torch.zeros_like(batch["old_logprobs"])
+    # Every layout first: building one reads sizes off the device, which must not wait on a
+    # forward in flight.
+    micros = [(mb, rows, _view(mb, config)) for mb, rows in _with_rows(batch, config)]
     with torch.no_grad():
-        for mb, rows in _with_rows(batch, config):
-            view = _view(mb, config)
+        for mb, rows, view in micros:
             with routing(model, mb, config, view):
                 logp = forward_log_probs(
                     model,
@@ -162,13 +164,15 @@ def micro_loss(
     micro: TrajectoryBatch,
     config: TrainerConfig,
     counts: UpdateCounts,
+    view: Layout | None = None,
 ) -> Any:
     """The policy loss of one micro-batch (a forward with grad), normalised by its update's
-    `counts` so that the micro-batches' losses add up to the update's.
+    `counts` so that the micro-batches' losses add up to the update's; `view` its layout
+    (built here when None).
 
     The proximal policy is the one before the step where `micro["prox_logprobs"]` holds its
     logprobs (several updates per step), else the current one (`log_prob.detach()`)."""
-    view = _view(micro, config)
+    view = view if view is not None else _view(micro, config)
     with routing(model, micro, config, view) as routed:
         logp, entropy = forward_log_probs(
             model,
@@ -201,11 +205,12 @@ def _update(
     optimizer.zero_grad(set_to_none=True)
     counts = UpdateCounts.of(mb, config)
     parts = []
-    total = 0.0
-    for micro in micro_batches_of(mb, config):
-        out = micro_loss(model, micro, config, counts)
+    total = torch.zeros((), dtype=torch.float64, device=mb["input_ids"].device)
+    micros = [(m, _view(m, config)) for m in micro_batches_of(mb, config)]  # no wait later
+    for micro, view in micros:
+        out = micro_loss(model, micro, config, counts, view)
         out.loss.backward()
-        total += float(out.loss.detach())
+        total += out.loss.detach()
         parts.append(out.metrics)
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
@@ -220,7 +225,9 @@ def _update(
     optimizer.zero_grad(set_to_none=True)
     metrics = summarize(parts)
     metrics.update(
-        loss=total, grad_norm=grad_norm, skipped_nonfinite=float(not math.isfinite(grad_norm))
+        loss=float(total),
+        grad_norm=grad_norm,
+        skipped_nonfinite=float(not math.isfinite(grad_norm)),
     )
     return metrics, parts
 

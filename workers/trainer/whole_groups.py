@@ -30,13 +30,35 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kafka import TopicPartition
 
-__all__ = ["Released", "WholeGroups", "grpo_batches"]
+from schemas.advantages import EPS
+
+__all__ = ["REPLAY_DEFAULTS", "AdvantageSettings", "Released", "WholeGroups", "grpo_batches"]
 
 log = logging.getLogger("rollout.trainer.consumer")
+
+
+class AdvantageSettings(Protocol):
+    """How GRPO advantages are computed: the replay stage's settings (a run's `cfg.replay`)."""
+
+    @property
+    def norm_adv_by_std(self) -> bool: ...
+
+    @property
+    def adv_eps(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class _Settings:
+    norm_adv_by_std: bool
+    adv_eps: float
+
+
+#: The replay stage's defaults (`TrajectoryConsumer.batches(advantages="grpo")`).
+REPLAY_DEFAULTS: AdvantageSettings = _Settings(norm_adv_by_std=True, adv_eps=EPS)
 
 
 @dataclass
