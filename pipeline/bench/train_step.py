@@ -20,9 +20,10 @@ initial weights, each step ending with one AdamW step:
   exact attention (`workers.trainer.attention`), cross-entropy over every position.
 
 Figures: real (unpadded) tokens per second of each side (from its fastest step: on a shared
-machine interference only adds time; every step's time is listed, and the median's rate), `ratio_to_packed` = project / bare packed, `ratio_to_padded` =
-project / bare padded, `padded_to_packed` = bare padded / bare packed, `padded_step_to_packed`
-(the old layout's ratio), MFU on real tokens (6 · parameters · tokens / time / the device's
+machine interference only adds time; every step's time is listed, and the median's rate),
+`ratio_to_packed` = project / bare packed, `ratio_to_padded` = project / bare padded,
+`padded_to_packed` = bare padded / bare packed, `padded_step_to_packed` (the old layout's
+ratio), MFU on real tokens (6 · parameters · tokens / time / the device's
 dense bf16 peak: 989 TFLOP/s for an H100 or H200, 0 on a CPU or an unknown GPU), and each
 side's peak memory (GPU: allocated by torch; CPU: the process's resident high-water mark
 during that side's steps). `--profile 1` adds the top operators of one project step
@@ -70,8 +71,35 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense bf16
 
 def _batch(groups: int, n: int, response_tokens: int, seed: int) -> Any:
     """The demo-shaped batch `rollout bench fsdp` trains: prompts of ~30 tokens, responses of
-    `response_tokens` // 2 to `response_tokens`."""
-    return _make_batch(groups, n, (28, 32), (response_tokens // 2, response_tokens), 1000, seed)
+    `response_tokens` // 2 to `response_tokens`, behaviour logprobs -2."""
+    from schemas.advantages import grpo_advantages
+    from schemas.events import ExtraFields, ScoredTrajectory
+    from workers.trainer.batching import collate
+
+    rng = random.Random(seed)
+    samples = []
+    for g in range(groups):
+        prompt = [rng.randrange(10, 1000) for _ in range(28 + g % 5)]
+        for i in range(n):
+            length = rng.randint(response_tokens // 2, response_tokens)
+            samples.append(
+                ScoredTrajectory(
+                    uid=f"u{g}",
+                    trajectory_id=f"u{g}/{i}",
+                    sample_index=i,
+                    attempt_id="a",
+                    data_source="bench",
+                    prompt_ids=prompt,
+                    response_ids=[rng.randrange(10, 1000) for _ in range(length)],
+                    response_mask=[1] * length,
+                    response_logprobs=[-2.0] * length,
+                    num_turns=2,
+                    reward_score=float(rng.random() < 0.5),
+                    extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
+                )
+            )
+    adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
+    return collate(samples, adv)
 
 
 def _make_batch(
