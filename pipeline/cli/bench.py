@@ -292,7 +292,7 @@ BENCHES: tuple[Bench, ...] = (
             "device": ("auto", "cpu, cuda, cuda:N or auto."),
             "geometry": ("tiny", "Model shape, random weights: tiny or qwen2-0.5b."),
             "batch": ("rl", "rl (RL-shaped lengths) or uniform."),
-            "rounds": (5, "Measured rounds (each side's figure: its fastest)."),
+            "rounds": (7, "Measured rounds (ratios: their median; tokens/s: the fastest)."),
             "threads": (1, "torch intra-op threads (1: steadier on a shared CPU)."),
             "micro_batch_size": (8, "Samples per micro-batch of the padded sides."),
             "max_tokens": (0, "Token budget of a packed micro-batch (0: as many as by count)."),
