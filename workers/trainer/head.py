@@ -97,11 +97,11 @@ class _ChunkedHead(torch.autograd.Function):
                 z.sub_(lse[lo:hi, None])  # log p
                 p = z.exp()
                 g = g_logp[lo:hi, None].float()
-                if g_entropy is not None:  # z ← g_logp + g_H (log p + H)
-                    z.add_(entropy[lo:hi, None]).mul_(g_entropy[lo:hi, None].float()).add_(g)
+                if g_entropy is not None:  # z ← −(g_logp + g_H (log p + H))
+                    z.add_(entropy[lo:hi, None]).mul_(-g_entropy[lo:hi, None].float()).sub_(g)
+                    grad_z = p.mul_(z)
                 else:
-                    z.copy_(g.expand_as(z))
-                grad_z = p.mul_(z).neg_()
+                    grad_z = p.mul_(-g)
                 del z
                 grad_z.scatter_add_(-1, targets[lo:hi, None], g)
                 gz = grad_z.to(dtype)
