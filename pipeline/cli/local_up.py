@@ -86,7 +86,17 @@ def with_run_dir(cfg: RunConfig, run_dir: Path) -> RunConfig:
     update: dict[str, Any] = {"checkpoint_dir": str(Path(where).resolve())}
     if trainer.metrics_file:
         update["metrics_file"] = str(Path(trainer.metrics_file).resolve())
-    return cfg.model_copy(update={"trainer": trainer.model_copy(update=update)})
+    # The stateful stages' counters (what they dropped as already done), for the run's view.
+    stats = {
+        section: getattr(cfg, section).model_copy(
+            update={"stats_path": str(run_dir / "stats" / f"{section}.json")}
+        )
+        for section in ("reward", "replay")
+        if getattr(cfg, section).stats_path is None
+    }
+    if stats:
+        (run_dir / "stats").mkdir(parents=True, exist_ok=True)
+    return cfg.model_copy(update={"trainer": trainer.model_copy(update=update), **stats})
 
 
 def resumed_version(cfg: RunConfig) -> int:

@@ -9,7 +9,8 @@ What `rollout up` shows a user of their own data, as the demo shows its own:
   dropped as stale or zero-variance make the real count lower, never higher).
 - `RunWatch.poll()` every second while the run is up: the live table of
   `pipeline.observe.progress` on a terminal, else one line per trainer step (step, reward,
-  staleness, stale-dropped, policy version, the lag of each stage), so a log shows it too.
+  staleness, stale-dropped, policy version, the lag of each stage, and what the reward and
+  replay stages dropped as already done, from their stats files), so a log shows it too.
 - `RunWatch.report(out_dir, wall_s)` at the end: the report of `pipeline.observe.report`
   (`report.png`, metrics as CSV/JSON, `summary.json`/`.txt`), returned as its summary text.
 
@@ -18,6 +19,7 @@ Reads Kafka, the replicas' `/info` and the trainer's step log; never touches a s
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +29,13 @@ from typing import Any, TextIO
 from pipeline.config import RunConfig
 from pipeline.observe.progress import Progress, Snapshot, StageSpec, render
 
-__all__ = ["DataOutlook", "RunWatch", "data_outlook", "stage_specs"]
+__all__ = ["DONE_COUNTERS", "DataOutlook", "RunWatch", "data_outlook", "stage_specs"]
+
+#: The counters of the stateful stages' stats files that count records dropped as done.
+DONE_COUNTERS = {
+    "reward": ("after_done", "duplicate_completion"),
+    "replay": ("duplicates", "late_samples"),
+}
 
 
 def stage_specs(cfg: RunConfig) -> list[StageSpec]:
@@ -166,13 +174,29 @@ class RunWatch:
             f"{name} {numbers['lag']}" for name, numbers in snap.stages.items() if numbers
         )
         of = f"/{self.max_steps}" if self.max_steps else ""
+        done = self.dropped_as_done()
         return (
             f"step {record['step']}{of}  reward "
             f"{'-' if reward is None else f'{float(reward):.3f}'}  staleness {staleness:.2f}  "
             f"stale-dropped {int(record.get('stale_dropped', 0))}  "
             f"samples {int(record.get('samples', 0))}  {time.monotonic() - self.started:.0f}s"
             + (f"  lag: {lags}" if lags else "")
+            + (f"  dropped as already done: {done}" if done else "")
         )
+
+    def dropped_as_done(self) -> str:
+        """What the reward and replay stages dropped as already done, from their stats files
+        ('' when nothing was): a dataset produced twice under the same uids shows here."""
+        said = []
+        for section, names in DONE_COUNTERS.items():
+            path = getattr(self.cfg, section).stats_path
+            try:
+                counts = json.loads(Path(path).read_text()) if path else {}
+            except (OSError, ValueError):
+                continue
+            if total := sum(int(counts.get(name, 0)) for name in names):
+                said.append(f"{section} {total}")
+        return ", ".join(said)
 
     def close(self) -> None:
         if self._live is not None:

@@ -33,3 +33,21 @@ def test_drops_are_said_with_their_count(caplog) -> None:
         stats.add("after_done")
         stats.warn_growth(("after_done", "duplicate_completion"), "%d dropped", logger, 0)
     assert [r.getMessage() for r in caplog.records] == ["4 dropped", "5 dropped"]
+
+
+def test_the_view_shows_what_the_stages_dropped_as_done(tmp_path) -> None:
+    import json
+
+    from pipeline.config import load_config
+    from pipeline.observe.watch import RunWatch
+
+    paths = {s: tmp_path / f"{s}.json" for s in ("reward", "replay")}
+    cfg = load_config(None, {s: {"stats_path": str(p)} for s, p in paths.items()})
+    watch = RunWatch(cfg, [], title="t", live=False)
+    try:
+        assert watch.dropped_as_done() == ""  # no stats yet: nothing said
+        paths["reward"].write_text(json.dumps({"after_done": 1600, "duplicate_completion": 4}))
+        paths["replay"].write_text(json.dumps({"duplicates": 0, "late_samples": 0}))
+        assert watch.dropped_as_done() == "reward 1604"
+    finally:
+        watch.close()
