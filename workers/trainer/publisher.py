@@ -53,13 +53,25 @@ from workers.transfer.config import WeightTransferConfig
 if TYPE_CHECKING:
     from workers.trainer.broadcast import BroadcastPublisher
 
-__all__ = ["PolicyPublisher"]
+__all__ = ["PolicyPublisher", "send_policy_version"]
 
 log = logging.getLogger("rollout.trainer.publisher")
 
 Mode = Literal["disk", "checkpoint", "broadcast"]
 
 SERVE_EVERY_S = 0.5  # broadcast: how often the publisher looks for replicas that want weights
+
+
+def send_policy_version(producer: Any, topics: TopicsConfig, event: PolicyVersion) -> None:
+    """`event` on the policy topic (its one key, so compaction keeps the newest), waiting for
+    the broker's acknowledgement; `PublishError` when it does not come."""
+    future = producer.send(
+        topics.name("policy"), key=POLICY_KEY, value=encode(event), headers=headers_for(event)
+    )
+    try:
+        future.get(timeout=30)
+    except KafkaError as exc:
+        raise PublishError(f"PolicyVersion {event.version} not acknowledged: {exc}") from exc
 
 
 class _Weights:
@@ -153,16 +165,7 @@ class PolicyPublisher:
             samples_trained=samples_trained,
             transfer=self._broadcast.announcement if self._broadcast is not None else None,
         )
-        future = self._producer.send(
-            self.topics.name("policy"),
-            key=POLICY_KEY,
-            value=encode(event),
-            headers=headers_for(event),
-        )
-        try:
-            future.get(timeout=30)
-        except KafkaError as exc:
-            raise PublishError(f"PolicyVersion {version} not acknowledged: {exc}") from exc
+        send_policy_version(self._producer, self.topics, event)
         self.version = version
         if self._broadcast is not None:
             held = _Weights(

@@ -50,8 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.errors import KafkaError
 
-from schemas.codec import encode, headers_for
-from schemas.events import POLICY_KEY, PolicyVersion, TrainingGroup
+from schemas.events import PolicyVersion, TrainingGroup
 from schemas.stale import drop_headers, staleness, too_stale
 from workers.kafka.admin import missing_topics
 from workers.kafka.clients import make_producer
@@ -75,6 +74,7 @@ from workers.trainer.exceptions import (
     TrainerError,
 )
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
+from workers.trainer.publisher import send_policy_version
 from workers.trainer.steplog import StepLog, staleness_histogram
 from workers.transfer.config import WeightTransferConfig
 
@@ -574,16 +574,7 @@ class Trainer:
             samples_trained=st.samples_consumed,
             transfer=self.publisher.announcement if self.publisher is not None else None,
         )
-        future = self.producer.send(
-            self.topics.name("policy"),
-            key=POLICY_KEY,
-            value=encode(event),
-            headers=headers_for(event),
-        )
-        try:
-            future.get(timeout=30)
-        except KafkaError as exc:
-            raise PublishError(f"PolicyVersion {st.version} not acknowledged: {exc}") from exc
+        send_policy_version(self.producer, self.topics, event)
         self.metrics.produced(self.topics.name("policy"))
         if self.publisher is not None and self.publisher.published is None:
             self.publisher.published = st.version  # at start: the weights held are this version
