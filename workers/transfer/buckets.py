@@ -115,12 +115,13 @@ def alone(bucket: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tor
 
 def pack(bucket: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], out: torch.Tensor) -> None:
     """Copy the bucket's tensors from `tensors` into `out` (uint8, at least `nbytes` long;
-    on any device: a GPU trainer's weights are copied into a CPU bucket here)."""
+    on any device: a GPU trainer's weights are copied into a CPU bucket here), each in the
+    dtype the bucket names for it."""
     with torch.no_grad():
         for name, dtype, shape, offset in bucket["tensors"]:
-            src = tensors[name]
-            view = out[offset : offset + _nbytes(src)].view(DTYPES[dtype]).view(shape)
-            view.copy_(src)
+            size = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+            view = out[offset : offset + size].view(DTYPES[dtype]).view(shape)
+            view.copy_(tensors[name])  # converted to the bucket's dtype where it differs
 
 
 def unpack(bucket: Mapping[str, Any], flat: torch.Tensor) -> dict[str, torch.Tensor]:
