@@ -7,7 +7,8 @@ It does what a replica's controller and receiver do, without an engine: holds li
 of `layout` (name → shape) in the dtype it serves, posts a want saying that dtype, waits for
 the grant, receives bucket by bucket (`receive_buckets`) and copies each bucket into the live
 weights, then writes what it got (a float64 sum per tensor, its dtype, how many buckets) and
-its memory: resident set before the transfer and its peak during it (VmHWM, reset before).
+its memory: resident set before the transfer and its peak during it (VmHWM, reset before; on
+a GPU, `--device cuda:N`, the caching allocator's allocated bytes and their peak).
 Run it with `MALLOC_MMAP_THRESHOLD_` set (the test does): buffers then go back to the system
 when freed, so the resident set counts what is held, not what glibc keeps for later.
 
@@ -66,14 +67,19 @@ def main() -> None:
         parser.add_argument(name, required=True)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--mode", default="normal")
+    parser.add_argument("--device", default="cpu", help="where it receives and serves")
+    parser.add_argument("--backends", default="gloo", help="comma-separated: gloo,nccl")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     layout = json.loads(Path(args.layout).read_text())
     # Filled, so every page of the live weights is resident before `rss_before` is read.
-    live = {name: torch.full(shape, 0.5, dtype=dtype) for name, shape in layout.items()}
+    device = torch.device(args.device)
+    live = {n: torch.full(s, 0.5, dtype=dtype, device=device) for n, s in layout.items()}
     store = dist.PrefixStore(args.session + "/", store_client(args.address, 60))
-    fields = {"dtype": args.dtype} if receive_buckets is not None else {}
+    fields: dict[str, object] = {}
+    if receive_buckets is not None:
+        fields = {"dtype": args.dtype, "backends": tuple(args.backends.split(","))}
     want = Want(args.replica, uuid.uuid4().hex, -1, 1, **fields)
     store.set(want_key(args.replica), want.dumps())
     store.append(MEMBERS, args.replica + "\n")
@@ -85,9 +91,16 @@ def main() -> None:
     die_after = int(args.mode.split(":")[1]) if args.mode.startswith("die_after:") else None
     before = rss()
     reset_peak()
+    if device.type == "cuda":  # on a GPU: what the caching allocator hands out
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
     started = time.monotonic()
     buckets = 0
-    stream = receive_buckets(grant.as_dict()) if receive_buckets else [receive(grant.as_dict())]
+    on = {"device": device}
+    stream = (
+        receive_buckets(grant.as_dict(), **on) if receive_buckets else [receive(grant.as_dict())]
+    )
     for bucket in stream:
         buckets += 1
         if die_after is not None and buckets >= die_after:
@@ -102,9 +115,9 @@ def main() -> None:
                 store.set(f"test/{args.replica}/loaded/{buckets - 1}", str(loaded))
         del bucket
     seconds = time.monotonic() - started
-    peak = peak_rss()
+    peak = peak_rss() if device.type != "cuda" else torch.cuda.max_memory_allocated(device)
     result = {
-        "sums": {name: float(t.double().sum()) for name, t in live.items()},
+        "sums": {name: float(t.cpu().double().sum()) for name, t in live.items()},
         "buckets": buckets,
         "manifest_bytes": manifest.get("total_bytes"),
         "max_bucket": max((b["nbytes"] for b in manifest.get("buckets", [])), default=None),

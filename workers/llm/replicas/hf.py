@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from aiohttp import web
@@ -368,6 +368,7 @@ def serve(
     served_model_name: str | None = None,
     await_weights: bool = False,
     role: ReplicaRole = "policy",
+    dtype: Literal["float32", "bfloat16"] = "float32",
 ) -> None:
     """Run the replica until interrupted (blocking)."""
     from workers.llm.replicas.hf_engine import HFEngineConfig
@@ -377,6 +378,7 @@ def serve(
         max_batch=max_batch,
         prefix_cache_tokens=prefix_cache_tokens,
         max_model_len=max_model_len,
+        dtype=dtype,
     )
     rid = replica_id or f"{BACKEND}-{port}"
     from workers.llm.replicas.hf_classify import create_classifier_app, is_classifier

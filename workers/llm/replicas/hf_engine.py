@@ -78,7 +78,8 @@ class HFEngine:
         self.model_dir = str(model_dir)
         torch.set_num_threads(self.config.threads)
         if model is None:
-            loaded = load_model(self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+            dtype = getattr(torch, self.config.dtype)
+            loaded = load_model(self.model_dir, dtype=dtype, attn_implementation="sdpa")
             model = loaded.eval().requires_grad_(False)
         self.model = model
         self.images = (
