@@ -135,7 +135,8 @@ class BatchKV:
         for li in range(self.n_layers):
             bufs = []
             for which in (0, 1):
-                buf = torch.zeros(rows, self.heads, length + _HEADROOM, self.head_dim)
+                dtype = kvs[0][li][which].dtype  # the model's (bf16 for a bf16 engine)
+                buf = torch.zeros(rows, self.heads, length + _HEADROOM, self.head_dim, dtype=dtype)
                 if old_rows:
                     old = self.layers[li].kbuf if which == 0 else self.layers[li].vbuf
                     buf[:old_rows, :, shift:length] = old[:, :, : self.length]
