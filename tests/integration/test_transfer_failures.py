@@ -8,6 +8,8 @@ bucket into live weights of the dtype it serves. What must hold:
   others get the version, the one that did not join is counted as such (and benched until
   the next version), and no group was ever opened with it;
 - a receiver killed mid-transfer: the trainer goes on, the others get the version;
+- the trainer killed mid-transfer: the receiver's next bucket raises within the timeout (its
+  group aborted), in the receiver's own thread: it loses that update, never its process;
 - a slow receiver: in the store's order (every mark is numbered by one counter), each
   bucket is marked only after it is complete, and `received` only after its last bucket was
   loaded;
@@ -205,3 +207,47 @@ def test_a_bf16_receiver_gets_half_the_bytes_within_two_buckets_of_memory(setup)
         "gloo/bfloat16": {"bytes": fp32_bytes // 2, "buckets": 8, "replicas": ["bf16"]}
     }
     assert result["extra"] <= 2 * result["max_bucket"]
+
+
+def test_the_trainers_death_mid_transfer_costs_the_receiver_its_update_only(
+    tmp_path: Path,
+) -> None:
+    from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, want_key
+    from workers.transfer.receive import receive_buckets
+
+    address_file = tmp_path / "address"
+    argv = [sys.executable, "-m", "tests.integration.transfer_sender"]
+    argv += ["--address-file", str(address_file), "--timeout", str(TIMEOUT_S)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "sender.log").open("wb")
+    sender = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not address_file.exists():
+            assert sender.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        address, session = address_file.read_text().split()
+        store = dist.PrefixStore(session + "/", store_client(address, 30))
+        want = Want("r", uuid.uuid4().hex, -1)
+        store.set(want_key("r"), want.dumps())
+        store.append(MEMBERS, "r\n")
+        store.wait([grant_key(want.nonce)])
+        stream = receive_buckets(Grant.loads(store.get(grant_key(want.nonce))).as_dict())
+        first = next(stream)
+        assert float(first["t0"][0, 0]) == 0.0
+        sender.send_signal(signal.SIGKILL)
+        sender.wait(timeout=10)
+        killed = time.monotonic()
+        with pytest.raises(RuntimeError) as failure:  # gloo's error, or the timeout
+            for _ in stream:
+                pass
+        took = time.monotonic() - killed
+        print(
+            f"trainer killed after 1 bucket: the receiver raised after {took:.2f}s: "
+            f"{type(failure.value).__name__}: {str(failure.value).strip().splitlines()[-1]}"
+        )
+        assert took < TIMEOUT_S + 3
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+        log.close()
