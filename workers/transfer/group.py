@@ -31,6 +31,10 @@ group's constructor):
   that timeout and aborted, instead of blocking in `ncclCommInitRank` while a rank is missing.
 - `NCCL_SHARED_ENV` (`NCCL_CUMEM_ENABLE=0`): what vLLM's processes run with; both ends set it.
 
+The trainer sets them when its hub starts (it holds no other NCCL group: broadcast runs with
+one trainer process). A vLLM worker sets them at its first NCCL receive, after vLLM built its
+own groups, which keep their settings (torch reads them per group, in its constructor).
+
 Together with the join marks (`protocol`), a receiver that never comes, or dies mid-transfer,
 costs that one group its timeout and raises where the caller can drop it.
 
