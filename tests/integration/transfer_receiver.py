@@ -75,6 +75,8 @@ def main() -> None:
     layout = json.loads(Path(args.layout).read_text())
     # Filled, so every page of the live weights is resident before `rss_before` is read.
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's communicator on this process's own GPU
     live = {n: torch.full(s, 0.5, dtype=dtype, device=device) for n, s in layout.items()}
     store = dist.PrefixStore(args.session + "/", store_client(args.address, 60))
     fields: dict[str, object] = {}
