@@ -358,9 +358,12 @@ class Trainer:
 
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: a sharded policy
             raise TrainerError("trainer.lend runs with one trainer process, not a sharded world")
-        if self.device.type != "cpu":  # the hf engine feeds CPU tensors; vLLM sleep/wake: none yet
+        if self.device.type != "cpu":  # README "Hybrid lending": why not on a GPU yet
             raise TrainerError(
-                f"trainer.lend lends a CPU trainer only (the hf engine), not one on {self.device}"
+                f"trainer.lend on {self.device}: the lent engine is the hf engine on the "
+                "trainer's own CPU weights; lending a GPU needs a vLLM engine in the trainer's "
+                "process that sleeps while it steps (vLLM's /sleep, /wake_up), which is not "
+                "built: lend a CPU trainer, or run vLLM replicas on other GPUs"
             )
         self.lender = Lender(
             self.config.lend,
