@@ -8,19 +8,25 @@
         for batch in source.batches(8):                     # rl.replay → padded torch batches
             ...
             source.commit()
+    with PolicyPublisher.from_config(cfg) as publisher:    # your weights → replicas, rl.policy
+        publisher.publish(model, version)
 
 - `PromptProducer` (`pipeline.data.producer`): datasets or any iterable of rows → `rl.prompts`,
   idempotent and acknowledged (what `rollout produce` runs).
 - `TrajectoryConsumer` (`workers.trainer.consumer`): `rl.replay` or `rl.scored` → typed events
   or padded batches, with positions that resume exactly (what the trainer reads with).
+- `PolicyPublisher` (`workers.trainer.publisher`): a trainer of your own's new weights → the
+  replicas (by checkpoint or broadcast, as the run's `trainer.weight_transfer`), its version →
+  `rl.policy`, so the replicas and the staleness gate follow it.
 
 Their code stays beside what runs it (the CLI, the trainer); this is the place to import them
-from. Neither loads torch on import.
+from. None loads torch on import.
 """
 
 from __future__ import annotations
 
 from pipeline.data.producer import ProduceReport, PromptProducer
 from workers.trainer.consumer import TrajectoryConsumer
+from workers.trainer.publisher import PolicyPublisher
 
-__all__ = ["ProduceReport", "PromptProducer", "TrajectoryConsumer"]
+__all__ = ["PolicyPublisher", "ProduceReport", "PromptProducer", "TrajectoryConsumer"]

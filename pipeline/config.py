@@ -42,6 +42,7 @@ from workers.transfer.config import WeightTransferConfig
 
 __all__ = [
     "DERIVED",
+    "RUN_GROUPS",
     "ConfigError",
     "LocalKafkaConfig",
     "RunConfig",
@@ -58,6 +59,15 @@ DERIVED: dict[str, str] = {
     "agent_loop.media": "media",
     "trainer.media": "media",
     "replay.max_staleness": "trainer.max_staleness",
+}
+
+
+#: The consumer group of each stage section, named `{topics.prefix}{stage}` unless set.
+RUN_GROUPS: dict[str, str] = {
+    "agent_loop": "agent-loop",
+    "reward": "reward",
+    "replay": "replay",
+    "trainer": "trainer",
 }
 
 
@@ -118,6 +128,7 @@ class RunConfig(BaseSettings):
     @model_validator(mode="after")
     def _derive(self) -> RunConfig:
         """Each stage's copy of the settings several stages share, from their one source."""
+        self._name_after_run()
         trainer, gate = self.trainer, self.agent_loop.admission
         # Inside the trainer's bound by the margin: a gate looser than the bound would
         # generate what the stages downstream are sure to drop.
@@ -143,6 +154,20 @@ class RunConfig(BaseSettings):
                 )
             self.reward.overlong = overlong.model_copy(update={"max_response_length": budget})
         return self
+
+    def _name_after_run(self) -> None:
+        """What a run keeps of its own is named after its topics unless set: each stage's
+        consumer group (and so the reward and replay stages' changelogs) and the trainer's
+        checkpoints. Two runs under two prefixes then share no offsets, no state and no
+        checkpoint; the same prefix again is the same run, which resumes."""
+        prefix = self.topics.prefix
+        for section, stage in RUN_GROUPS.items():
+            model = getattr(self, section)
+            if "group_id" not in model.model_fields_set:
+                setattr(self, section, model.model_copy(update={"group_id": f"{prefix}{stage}"}))
+        if "checkpoint_dir" not in self.trainer.model_fields_set:
+            where = str(Path("runs") / self.topics.run_name / "checkpoints")
+            self.trainer = self.trainer.model_copy(update={"checkpoint_dir": where})
 
     @classmethod
     def settings_customise_sources(

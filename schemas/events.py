@@ -51,6 +51,7 @@ from schemas.routing import RoutedExperts
 SCHEMA_VERSION = 1
 
 __all__ = [
+    "POLICY_KEY",
     "SCHEMA_VERSION",
     "ChatMessage",
     "Event",
@@ -354,6 +355,10 @@ class WeightTransfer(BaseModel):
         min_length=1, description="The trainer process's run id: a restarted trainer has another."
     )
     backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend.")
+
+
+#: The key of every record of the (compacted) policy topic: compaction keeps the newest version.
+POLICY_KEY = "policy"
 
 
 class PolicyVersion(EventBase):

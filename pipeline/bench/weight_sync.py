@@ -2,16 +2,19 @@
 
 For each size (`small`: the project's preset; `0.5b`: a synthetic Qwen2 of Qwen2.5-0.5B's
 geometry, about 494 M parameters, random weights from a config only), one real `hf` replica
-(`rollout replica serve`, one torch thread) and, in this process, the trainer's side with the
-weights in memory. Each round runs both ways in turn (disk, broadcast, disk, ...), so a slow
-minute of this shared machine lands on both:
+(`rollout replica serve`, one torch thread) serving in `dtype` (bfloat16 by default: the
+served-dtype path, where broadcast weights travel in the replica's dtype, half the trainer's
+fp32 bytes) and, in this process, the trainer's side with the fp32 weights in memory. Each
+round runs both ways in turn (disk, broadcast, disk, ...), so a slow minute of this shared
+machine lands on both:
 
 - disk: the trainer's checkpoint writer (`save_checkpoint`: safetensors, every file fsynced,
   the rename, `latest`; weights only, no optimizer state, which a real trainer also writes),
   then `POST /update_weights {path}`: the replica reads and checks it, then copies it in;
 - broadcast: the trainer's `TransferHub` grants the want of a `GrantClient` (the replica's
-  controller), the replica receives over a fresh gloo group while it keeps serving, then
-  copies it in (`POST /update_weights {transfer}`).
+  controller, saying the dtype the replica serves), packs the weights converted to that dtype,
+  the replica receives over a fresh gloo group while it keeps serving, then copies it in
+  (`POST /update_weights {transfer}`).
 
 Measured from the weights being ready to the replica serving them (its answer); the control
 plane (the `PolicyVersion` on Kafka and the controller's poll of it) is the same both ways and
@@ -20,7 +23,8 @@ left out. Figures per size, each the median of the rounds: `disk_s`, `broadcast_
 replica stopped generating: the copy into the live weights, the same both ways, since both
 read before pausing), and the breakdown `serialise_s` (checkpoint write / packing the
 buckets), `transfer_s` (the replica reading the file / receiving the buckets), `load_s` (the
-copy, = pause), with every round's value.
+copy, = pause), with every round's value; and per update `broadcast_bytes` (what the replica
+received) and `checkpoint_bytes` (what the disk way wrote and read).
 """
 
 from __future__ import annotations
@@ -53,8 +57,11 @@ SYNTHETIC = {
 }
 
 
-def run(sizes: str = "small,0.5b", rounds: int = 5, bucket_mb: int = 256) -> dict[str, Any]:
-    """The figures of every size in `sizes` (comma-separated), `rounds` rounds each."""
+def run(
+    sizes: str = "small,0.5b", rounds: int = 5, bucket_mb: int = 256, dtype: str = "bfloat16"
+) -> dict[str, Any]:
+    """The figures of every size in `sizes` (comma-separated), `rounds` rounds each, into a
+    replica serving `dtype`."""
     from workers.llm.model_init import PRESETS
 
     names = [s.strip() for s in sizes.split(",") if s.strip()]
@@ -64,10 +71,12 @@ def run(sizes: str = "small,0.5b", rounds: int = 5, bucket_mb: int = 256) -> dic
         raise SystemExit(f"rollout bench weight-sync: --sizes {sizes!r}: use some of {known}")
     if rounds < 1:
         raise SystemExit("rollout bench weight-sync: --rounds must be at least 1")
-    out: dict[str, Any] = {"rounds": rounds, "bucket_mb": bucket_mb}
+    if dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"rollout bench weight-sync: --dtype {dtype}: float32 or bfloat16")
+    out: dict[str, Any] = {"rounds": rounds, "bucket_mb": bucket_mb, "dtype": dtype}
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"rollout-bench-sync-{name}-") as tmp:
-            out[name] = _size(name, Path(tmp), rounds, bucket_mb)
+            out[name] = _size(name, Path(tmp), rounds, bucket_mb, dtype)
     return out
 
 
@@ -103,7 +112,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return dict(json.loads(response.read()))
 
 
-def _size(name: str, tmp: Path, rounds: int, bucket_mb: int) -> dict[str, Any]:
+def _size(name: str, tmp: Path, rounds: int, bucket_mb: int, dtype: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -118,12 +127,12 @@ def _size(name: str, tmp: Path, rounds: int, bucket_mb: int) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     log = tmp / "replica.log"
     cmd = [sys.executable, "-m", "pipeline.cli.main", "replica", "serve", "--backend", "hf"]
-    cmd += ["--model", str(model_dir), "--port", str(port), "--threads", "1"]
+    cmd += ["--model", str(model_dir), "--port", str(port), "--threads", "1", "--dtype", dtype]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         wait_healthy(url, lambda: proc.poll() is None, 900, log=log)
-        return _rounds(url, model, model_dir, tmp, rounds, bucket_mb) | {"params": params}
+        return _rounds(url, model, model_dir, tmp, rounds, bucket_mb, dtype) | {"params": params}
     finally:
         proc.terminate()
         try:
@@ -133,7 +142,7 @@ def _size(name: str, tmp: Path, rounds: int, bucket_mb: int) -> dict[str, Any]:
 
 
 def _rounds(
-    url: str, model: Any, model_dir: Path, tmp: Path, rounds: int, bucket_mb: int
+    url: str, model: Any, model_dir: Path, tmp: Path, rounds: int, bucket_mb: int, dtype: str
 ) -> dict[str, Any]:
     from schemas.events import WeightTransfer
     from workers.llm.replicas.weight_receiver import GrantClient
@@ -157,10 +166,11 @@ def _rounds(
             written = time.monotonic()
             timings = _post(url, {"path": str(path), "version": version})["timings"]
             runs["disk"].append(_figures(started, written - started, timings))
+            checkpoint_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
             shutil.rmtree(path)  # the disk stays as it was: no round reads a cached older one
 
             version += 1
-            grants.want(version - 1, 1)
+            grants.want(version - 1, 1, dtype, ("gloo",))  # what its /health says
             answer: dict[str, Any] = {}
             started = time.monotonic()
             thread = threading.Thread(target=_receive, args=(url, grants, version, answer))
@@ -170,11 +180,15 @@ def _rounds(
             if report.dropped or "timings" not in answer:
                 raise RuntimeError(f"broadcast failed: {report.dropped} {answer}")
             runs["broadcast"].append(_figures(started, report.pack_s, answer["timings"]))
-            bytes_ = report.bytes
     finally:
         grants.close()
         hub.close()
-    return _summary(runs) | {"bytes": bytes_, "buckets": report.buckets}
+    return _summary(runs) | {
+        "broadcast_bytes": report.bytes,  # one replica: its lane's
+        "checkpoint_bytes": checkpoint_bytes,
+        "buckets": report.buckets,
+        "lanes": list(report.lanes),
+    }
 
 
 def _receive(url: str, grants: Any, version: int, answer: dict[str, Any]) -> None:

@@ -324,6 +324,11 @@ BENCHES: tuple[Bench, ...] = (
             "sizes": ("small,0.5b", "Models: presets (tiny, small) and 0.5b (synthetic)."),
             "rounds": 5,
             "bucket_mb": (256, "Broadcast bucket size in MiB."),
+            "dtype": (
+                "bfloat16",
+                "The dtype the replica serves (float32, bfloat16): broadcast weights travel "
+                "in it; the trainer's are fp32.",
+            ),
         },
     ),
     Bench(

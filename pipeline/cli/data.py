@@ -23,7 +23,8 @@ def cmd_produce(args: argparse.Namespace, cfg: RunConfig) -> int:
     rows = read_rows(args.dataset)  # a wrong path or format fails here, before Kafka
     for name, outcome in require_topics(cfg.kafka, cfg.topics, ["prompts"]).items():
         print(f"{name}\t{outcome}", file=sys.stderr)
-    with PromptProducer(cfg.kafka, cfg.topics, cfg.media) as producer:
+    check = None if args.allow_unscorable else cfg.reward.unscorable
+    with PromptProducer(cfg.kafka, cfg.topics, cfg.media, unscorable=check) as producer:
         report = producer.produce_rows(
             rows,
             uid_prefix=args.uid_prefix or dataset_uid_prefix(args.dataset),
@@ -65,6 +66,7 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
             "creates the run's topics, `rollout produce` fills rl.prompts",
             topics=[topic],
         )
+    tokenizer = _tokenizer(args, cfg) if args.decode else None
     seen = shown = 0
     deadline = time.monotonic() + args.timeout
     consumer = make_consumer(cfg.kafka, topic, group_id=args.group, name="consume")
@@ -73,7 +75,9 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
             for records in consumer.poll(timeout_ms=500).values():
                 for r in records:
                     seen += 1
-                    row = show(r.topic, r.partition, r.offset, r.value, r.headers)
+                    row = show(
+                        r.topic, r.partition, r.offset, r.value, r.headers, tokenizer=tokenizer
+                    )
                     if _wanted(row, args) and (args.limit is None or shown < args.limit):
                         sys.stdout.write(json.dumps(row if args.records else _plain(row)) + "\n")
                         shown += 1
@@ -83,6 +87,20 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
         consumer.close()
     print(f"consumed {seen} records from {topic}, shown {shown}", file=sys.stderr)
     return 0
+
+
+def _tokenizer(args: argparse.Namespace, cfg: RunConfig) -> Any:
+    """The tokenizer `--decode` shows text with: `--tokenizer`, else the run's (the reward
+    stage's, the agent loop's model, the trainer's model)."""
+    from pipeline.cli.common import checked_model_dir
+
+    where = args.tokenizer or cfg.reward.tokenizer or cfg.agent_loop.model or cfg.trainer.model_dir
+    if not where:
+        raise ConfigError("--decode needs a tokenizer: --tokenizer DIR (the policy's model)")
+    directory = checked_model_dir(where, "--tokenizer" if args.tokenizer else "tokenizer")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def _wanted(row: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -120,6 +138,9 @@ def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise ConfigError(
             f"--reward-model: the {args.preset} preset is a causal LM only; use tiny or small"
         )
+    if args.warm_start and (args.reward_model or args.preset == "vl"):
+        raise ConfigError("--warm-start teaches a text policy: not with --reward-model or vl")
+    warm_rows = _warm_rows(args.warm_start) if args.warm_start else None
     writable_dir(Path(args.out), "--out")
     out = init_model(
         args.out,
@@ -128,8 +149,45 @@ def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
         reward_model=args.reward_model,
         template=args.template,
     )
+    if warm_rows is not None:
+        from transformers.utils import logging as hf_logging
+
+        from pipeline.demo.recipe import DemoRecipe, warm_start
+
+        hf_logging.disable_progress_bar()
+        recipe = DemoRecipe(seed=args.seed)
+        seconds = warm_start(out, warm_rows, recipe)
+        print(
+            f"warm start: {recipe.sft_steps} supervised steps on {len(warm_rows)} rows of "
+            f"{args.warm_start} ({seconds:.0f}s)",
+            file=sys.stderr,
+        )
     print(out)
     return 0
+
+
+def _warm_rows(dataset: str) -> list[dict[str, Any]]:
+    """The rows of `dataset` a warm start learns from: each valid prompt that has a ground
+    truth, as chat messages and the answer (in the gsm8k `#### answer` format the rule
+    scorers read). None of them: one line, before the model is built."""
+    from pipeline.data.datasets import RowError, read_rows, row_to_prompt
+
+    rows = []
+    for number, row in read_rows(dataset):
+        try:
+            event = row_to_prompt(row, number, uid_prefix="warm")
+        except RowError:
+            continue
+        truth = event.reward_model.ground_truth
+        if truth is None or any(not isinstance(m.content, str) for m in event.prompt):
+            continue
+        messages = [{"role": m.role, "content": m.content} for m in event.prompt]
+        rows.append({"prompt": messages, "reward_model": {"ground_truth": str(truth)}})
+    if not rows:
+        raise ConfigError(
+            f"--warm-start {dataset}: no row with a text prompt and reward_model.ground_truth"
+        )
+    return rows
 
 
 def add_parsers(sub: Any) -> None:
@@ -144,6 +202,12 @@ def add_parsers(sub: Any) -> None:
     produce.add_argument(
         "--uid-prefix",
         help="Prefix of generated uids (default: the file's stem and a digest of its bytes).",
+    )
+    produce.add_argument(
+        "--allow-unscorable",
+        action="store_true",
+        help="Send rows the run's reward stage cannot score (no ground truth for a rule "
+        "scorer, an unknown data_source); they are dead-lettered after generation.",
     )
     produce.add_argument("--quiet", action="store_true", help="No progress bar.")
     produce.set_defaults(handler=cmd_produce)
@@ -169,6 +233,16 @@ def add_parsers(sub: Any) -> None:
         "--records",
         action="store_true",
         help="Every record as {topic, partition, offset, event|undecodable[, dead_letter]}.",
+    )
+    consume.add_argument(
+        "--decode",
+        action="store_true",
+        help="Also show token arrays as text (prompt_text, response_text).",
+    )
+    consume.add_argument(
+        "--tokenizer",
+        help="With --decode: the model directory whose tokenizer decodes (default: the run's "
+        "reward.tokenizer, agent_loop.model or trainer.model_dir).",
     )
     consume.set_defaults(handler=cmd_consume)
 
@@ -203,5 +277,11 @@ def add_parsers(sub: Any) -> None:
         default="hermes",
         help="Chat format: the family's special tokens, chat template and tool-call syntax "
         "(default: hermes, the project's own).",
+    )
+    minit.add_argument(
+        "--warm-start",
+        metavar="DATASET",
+        help="Then a short supervised warm start on this dataset's questions and ground "
+        "truths in the `#### answer` format (the demo's), so RL starts above zero reward.",
     )
     minit.set_defaults(handler=cmd_model_init)

@@ -170,5 +170,10 @@ def add_parsers(sub: Any) -> None:
     status.set_defaults(handler=cmd_kafka_status)
 
     topics = sub.add_parser("topics", help="Create, describe or delete the pipeline's topics.")
-    topics.add_argument("action", choices=["create", "describe", "delete"])
-    topics.set_defaults(handler=cmd_topics)
+    tsub = topics.add_subparsers(dest="action", required=True, metavar="{create,describe,delete}")
+    for action, what in (
+        ("create", "Create the run's topics (those that exist are left as they are)."),
+        ("describe", "Each topic of the run: partitions, replication and configs (JSON lines)."),
+        ("delete", "Delete the run's topics, and everything in them."),
+    ):
+        tsub.add_parser(action, help=what).set_defaults(handler=cmd_topics)

@@ -69,12 +69,15 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
     # judge serves its own model and never gets them)
     awaits = cfg.trainer.weight_transfer == "broadcast" and args.role == "policy"
     if args.backend == "hf":
+        if args.dtype not in (None, "float32", "bfloat16"):
+            raise ConfigError(f"--dtype {args.dtype}: the hf replica serves float32 or bfloat16")
         return common | {
             "await_weights": awaits,
             "threads": args.threads,
             "max_batch": args.max_batch,
             "prefix_cache_tokens": args.prefix_cache_tokens,
             "role": args.role,  # the hf engine says it, and refuses weights as a judge
+            "dtype": args.dtype or "float32",  # it serves fp32 unless told
         }
     if args.backend == "sglang":
         return common | {
@@ -399,8 +402,8 @@ def add_parsers(sub: Any) -> None:
     )
     serve.add_argument(
         "--dtype",
-        help="Weights dtype, e.g. bfloat16 (vllm; default: the trainer's precision, so the "
-        "replica's logprobs are the trainer's).",
+        help="Weights dtype, e.g. bfloat16 (vllm, sglang; hf: float32 or bfloat16, default "
+        "float32; default: the trainer's precision, so the replica's logprobs are the trainer's).",
     )
     serve.add_argument(
         "--internal-port", type=port, help="vLLM's own loopback port (vllm; default: a free one)."

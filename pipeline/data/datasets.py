@@ -14,7 +14,8 @@ passes `workers.media.ingest.Ingestor`), the images are read, checked and stored
 event carries references; an image that fails is the row's error, in one line.
 
 A row without `uid` gets a deterministic one,
-`{prefix}-{row_number}`. The prefix, unless given, is `dataset_uid_prefix(path)`: the file's
+`{prefix}-{row index}` (the index from 0; messages about a row count from 1, as editors do).
+The prefix, unless given, is `dataset_uid_prefix(path)`: the file's
 stem and a digest of its bytes (`train-3f2a9c1b`), so producing the same file again (from any
 path) yields the same uids and downstream de-duplication recognises them, while two datasets
 whose files share a stem (verl writes `gsm8k/train.parquet` and `math/train.parquet`) get
@@ -61,10 +62,11 @@ class DatasetError(RolloutError):
 
 
 class RowError(RolloutError):
-    """One row is not a valid prompt; carries its row number."""
+    """One row is not a valid prompt; carries its row number (from 0) and says it from 1, as
+    an editor counts: `row 3` is the third row, the third line of a .jsonl file."""
 
     def __init__(self, row_number: int, message: str) -> None:
-        super().__init__(f"row {row_number}: {message}")
+        super().__init__(f"row {row_number + 1}: {message}")
         self.row_number = row_number
 
 

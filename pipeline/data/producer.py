@@ -1,10 +1,13 @@
 """`PromptProducer`: datasets or any iterable of rows → `rl.prompts`.
 
 Produces with acks=all and the idempotent producer, keyed by uid, with the codec's headers.
-Rows that are not valid prompts are reported with their row number and skipped. A prompt's
-images (`image_url` parts, verl's `images` column) are read, size-checked and put in the media
-store (`media`), and the event sent carries their references (`schemas.media`); `close()`
-(or leaving the context manager) flushes, so every counted prompt is acknowledged.
+Rows that are not valid prompts are reported with their row number (from 1) and skipped, and
+so are rows the run's scorer could not score (`unscorable`: `RewardConfig.unscorable`, which
+`rollout produce` passes unless `--allow-unscorable`), before any compute is spent on them.
+A prompt's images (`image_url` parts, verl's `images` column) are read, size-checked and put
+in the media store (`media`), and the event sent carries their references
+(`schemas.media`); `close()` (or leaving the context manager) flushes, so every counted
+prompt is acknowledged.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,8 +70,13 @@ class PromptProducer:
         kafka: KafkaConfig,
         topics: TopicsConfig | None = None,
         media: MediaConfig | None = None,
+        *,
+        unscorable: Callable[[str, Any], str | None] | None = None,
     ) -> None:
+        """`unscorable(data_source, ground_truth)`: why the run could not score such a prompt
+        (None: it can); a row it names is skipped with that reason."""
         self._topics = topics or TopicsConfig()
+        self._unscorable = unscorable
         self._ingest = Ingestor(media or MediaConfig())
         self.topic = self._topics.name("prompts")
         self._producer = make_producer(kafka, name="prompt-producer")
@@ -131,6 +139,10 @@ class PromptProducer:
                         ingest=self._ingest,
                     )
                 )
+                if self._unscorable is not None and (
+                    why := self._unscorable(event.data_source, event.reward_model.ground_truth)
+                ):
+                    raise RowError(number, f"{why} (--allow-unscorable sends it anyway)")
             except RowError as exc:
                 report.skipped += 1
                 report.errors.append(str(exc))

@@ -12,10 +12,10 @@ What it does, in order (each step's output lives under `reports/demo-<stamp>/`):
    weight-sync controller), the agent-loop worker,
    the reward worker, the replay stage and the trainer, every one its own process
    (`pipeline.launch.local.LocalPipeline`), and shows one live line per stage
-   (`pipeline.demo.view`).
+   (`pipeline.observe.progress`).
 4. Stops when the trainer has made `steps` steps (`trainer.max_steps`), or at the deadline.
 5. Tears everything down — the stages, then the broker if the demo started it — also on
-   Ctrl-C or SIGTERM, and writes the report (`pipeline.demo.report`): `report.png`,
+   Ctrl-C or SIGTERM, and writes the report (`pipeline.observe.report`): `report.png`,
    `metrics.csv`/`.json`, `summary.json`/`.txt`. It prints the reward over the first and
    last 10% of steps, the summary, and the report directory as its very last line.
 
@@ -315,8 +315,8 @@ def train_stages(
     """
     from rich.live import Live
 
-    from pipeline.demo.view import Progress, StageSpec, render
     from pipeline.launch.local import LocalPipeline
+    from pipeline.observe.progress import Progress, StageSpec, render
 
     t = cfg.topics.name
     specs = [
@@ -388,7 +388,7 @@ def _report(
     broker_note: str,
     launched: float,
 ) -> None:
-    from pipeline.demo.report import write_report
+    from pipeline.observe.report import write_report
 
     bootstrap, prefix = cfg.kafka.bootstrap, cfg.topics.prefix
     info = {

@@ -5,7 +5,8 @@
 the trainer lent to generation with `trainer.lend.enable`, the colocated judge pool with
 `reward.judge`), tells `on_started` what runs and where it logs, then blocks:
 
-- until the trainer exits (it reaches `trainer.max_steps`): its exit status is returned;
+- until the trainer exits (it reaches `trainer.max_steps`): its exit status is returned
+  (without the trainer in the plan, for a trainer of the user's own: until one of the rest);
 - until another stage exits first: `StageExitedError` with the end of that stage's log;
 - until `timeout_s` passes: `ForegroundTimeoutError`;
 - until Ctrl-C or SIGTERM: `KeyboardInterrupt` (SIGTERM is turned into one for the time).
@@ -77,19 +78,23 @@ def run_foreground(
     replicas: int,
     timeout_s: float | None = None,
     on_started: Callable[[LocalPipeline], None] | None = None,
+    on_poll: Callable[[], object] | None = None,
     poll_s: float = 1.0,
     **plan: Any,
 ) -> int:
     """Run the pipeline until the trainer exits; its exit status (see the module docstring).
 
-    `plan`: the fields of `pipeline.launch.local.StagePlan` (`model_dir`, `backend`, ...)."""
+    `on_poll` is called every `poll_s` while the trainer runs, and once after it exited (the
+    run's progress view). `plan`: the fields of `pipeline.launch.local.StagePlan`
+    (`model_dir`, `backend`, ...)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with _sigterm_as_interrupt(), _pid_file(run_dir):
         with LocalPipeline(cfg, run_dir, replicas=replicas, **plan) as pipe:
             if on_started is not None:
                 on_started(pipe)
-            trainer = pipe.process("train")
-            while trainer.alive:
+            # Without the project's trainer (a trainer of the user's own), until stopped.
+            trainer = next((p for p in pipe.processes if p.name == "train"), None)
+            while trainer is None or trainer.alive:
                 for stage in pipe.processes:
                     if stage is not trainer and stage.proc is not None:
                         if stage.proc.poll() is not None:
@@ -101,7 +106,11 @@ def run_foreground(
                         f"the trainer still runs after {timeout_s:.0f}s; stopped the run "
                         f"(logs: {run_dir / 'logs'})"
                     )
+                if on_poll is not None:
+                    on_poll()
                 time.sleep(poll_s)
+            if on_poll is not None:
+                on_poll()
             assert trainer.proc is not None
             return int(trainer.proc.returncode)
 

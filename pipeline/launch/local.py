@@ -11,7 +11,9 @@ then starts, as real subprocesses of the same `rollout` CLI a user would run:
     the replay stage                                       rollout worker replay
     the trainer                                            rollout train
 
-Each process logs to `run_dir/logs/<name>.log`. `stop()` (and leaving the context manager,
+Each process runs in the working directory `LocalPipeline` was made in (a relative path of
+the config means there what it means in the user's shell; the checkout is put on PYTHONPATH)
+and logs to `run_dir/logs/<name>.log`. `stop()` (and leaving the context manager,
 also on Ctrl-C) sends SIGTERM to every process group it started, waits a grace period, and
 SIGKILLs what is left — it never touches a process it did not start.
 """
@@ -40,6 +42,7 @@ __all__ = [
     "StageExitedError",
     "StagePlan",
     "StageProcess",
+    "child_env",
     "judge_plan",
     "log_tail",
     "secret_env",
@@ -88,15 +91,28 @@ def log_tail(log_path: Path, chars: int = 2000) -> str:
         return ""
 
 
+def child_env(*extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment with `extra` over it, unbuffered output, and the checkout
+    first on PYTHONPATH (the children run `-m pipeline.cli.main` from the user's directory)."""
+    env = {**os.environ}
+    for more in extra:
+        env.update(more)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 @dataclass
 class StageProcess:
     name: str
     argv: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    cwd: Path = REPO
 
     def start(self, env: dict[str, str]) -> None:
-        self.proc = spawn_logged(self.argv, self.log_path, env)
+        self.proc = spawn_logged(self.argv, self.log_path, env, self.cwd)
 
     @property
     def alive(self) -> bool:
@@ -262,6 +278,7 @@ class LocalPipeline:
         self.judge_urls: list[str] = []
         self.metrics = metrics  # each non-replica process serves /metrics on a free port
         self.metrics_ports: dict[str, int] = {}
+        self.cwd = Path.cwd()  # where the stages run: relative paths mean what they meant here
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -269,7 +286,7 @@ class LocalPipeline:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
-        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = child_env(self._secret_env(), self.extra_env)
         base = [sys.executable, "-m", "pipeline.cli.main", "--config", str(config_path)]
         ports = [free_port() for _ in range(self.replicas)]
         self.replica_urls = [f"http://127.0.0.1:{port}" for port in ports]
@@ -285,7 +302,7 @@ class LocalPipeline:
         return self
 
     def _add(self, name: str, argv: list[str], env: dict[str, str]) -> StageProcess:
-        stage = StageProcess(name, argv, self.run_dir / "logs" / f"{name}.log")
+        stage = StageProcess(name, argv, self.run_dir / "logs" / f"{name}.log", cwd=self.cwd)
         stage.start(env)
         self.processes.append(stage)
         log.info("started %s (pid %s)", name, stage.proc.pid if stage.proc else "?")
@@ -306,7 +323,7 @@ class LocalPipeline:
     def restart(self, name: str) -> StageProcess:
         """Start a stage again with the same command (after it was killed)."""
         old = self.process(name)
-        env = {**os.environ, **self._secret_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env = child_env(self._secret_env(), self.extra_env)
         old.start(env)
         return old
 

@@ -10,7 +10,10 @@ cause, error, and the topic/partition/offset it came from) beside the original e
                                                        base64 when it is not UTF-8)
     {"dead_letter": {...}, "event"|"undecodable": ...} a record of the dead-letter topic
 
-Every object also has `topic`, `partition` and `offset` of the record shown.
+Every object also has `topic`, `partition` and `offset` of the record shown. Given a
+tokenizer (`rollout consume --decode`), an event's token arrays are also shown as text:
+`prompt_text` and `response_text` beside a scored trajectory's ids (each sample of a
+training group), `text` beside a turn's.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from schemas.codec import decode
 from schemas.deadletter import DeadLetter
 from schemas.errors import DecodeError
+from schemas.events import ScoredTrajectory, TrainingGroup, TurnEvent
 from schemas.headers import DLQ_PREFIX
 
 __all__ = ["is_dead_letter", "show"]
@@ -31,7 +35,13 @@ def is_dead_letter(headers: list[tuple[str, bytes]] | None) -> bool:
 
 
 def show(
-    topic: str, partition: int, offset: int, value: bytes | None, headers: Any = None
+    topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    headers: Any = None,
+    *,
+    tokenizer: Any = None,
 ) -> dict[str, Any]:
     """The printable form of one record (see the module docstring)."""
     headers = [(k, bytes(v)) for k, v in headers or []]
@@ -50,10 +60,32 @@ def show(
             },
         }
     try:
-        out["event"] = decode(value).model_dump(mode="json")
+        event = decode(value)
     except DecodeError as exc:
         out["undecodable"] = {"error": str(exc), **_raw(value)}
+        return out
+    out["event"] = event.model_dump(mode="json")
+    if tokenizer is not None:
+        _add_text(out["event"], event, tokenizer)
     return out
+
+
+def _add_text(shown: dict[str, Any], event: Any, tokenizer: Any) -> None:
+    """The text of `event`'s token arrays, into its printed form `shown`."""
+
+    def text(ids: Any) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    if isinstance(event, ScoredTrajectory):
+        shown["prompt_text"] = text(event.prompt_ids)
+        shown["response_text"] = text(event.response_ids)
+    elif isinstance(event, TrainingGroup):
+        for sample, printed in zip(event.samples, shown["samples"], strict=True):
+            _add_text(printed, sample, tokenizer)
+    elif isinstance(event, TurnEvent):
+        shown["text"] = text(event.token_ids)
+        if event.prompt_ids is not None:
+            shown["prompt_text"] = text(event.prompt_ids)
 
 
 def _raw(value: bytes | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""vLLM's sleep mode on a GPU: what hybrid lending (`trainer.lend`) needs of a vLLM engine that
-shares the trainer's GPU (infra/gpu_check.sh, step 4c).
+"""vLLM's sleep mode on a GPU: what hybrid lending (`trainer.lend`) would need of a vLLM engine
+that shares the trainer's GPU (infra/gpu_check.sh, step 4c).
 
 A vLLM server started with `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1` (its `/sleep`,
 `/wake_up`, `/is_sleeping` routes are development routes) serves a fixed greedy prompt; then:
@@ -11,11 +11,13 @@ A vLLM server started with `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1` (i
   greedy tokens as before the sleep (level 1 keeps the weights);
 - `POST /sleep?level=2` drops the weights too (what a lent engine whose weights come back
   from the trainer would do), and `/wake_up?tags=weights` then `?tags=kv_cache` wakes it in
-  two steps, the route the trainer would take with a weight load between them.
+  two steps (still asleep after the first), the route the trainer would take with a weight
+  load between them.
 
-vLLM 0.32's CPU build refuses `--enable-sleep-mode` ("Sleep mode is not supported on current
-platform": sleep mode needs the CUDA memory pool, `is_sleep_mode_available` is CUDA, ROCm and
-XPU only), so this runs only on a GPU machine. Written for one and not run on one yet.
+vLLM's answers as they are: `/sleep` and `/wake_up` answer 200 with an empty body (no status
+field); the state is read from `GET /is_sleeping` (`{"is_sleeping": bool}`). vLLM 0.32's CPU
+build refuses `--enable-sleep-mode` ("Sleep mode is not supported on current platform": sleep
+mode needs the CUDA memory pool), so this runs only on a GPU machine.
 
 Environment: ROLLOUT_VLLM_SLEEP_URL (the vLLM server; the GPU holds no other process's memory,
 so `nvidia-smi`'s per-process figures are its own).
@@ -45,13 +47,21 @@ def url() -> str:
 
 
 def call(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """GET (`/is_sleeping`, `/v1/models`) or POST; the JSON answer, or None for an empty body
+    (what `/sleep` and `/wake_up` answer). Any status but 200 raises (urllib)."""
     data = None if body is None else json.dumps(body).encode()
-    method = "GET" if path == "/is_sleeping" or path == "/v1/models" else "POST"
+    method = "GET" if path in ("/is_sleeping", "/v1/models") else "POST"
     req = urllib.request.Request(
         url + path, data=data, method=method, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read() or b"null")
+        assert resp.status == 200, (path, resp.status)
+        raw = resp.read()
+    return json.loads(raw) if raw.strip() else None
+
+
+def sleeping(url: str) -> bool:
+    return bool(call(url, "/is_sleeping")["is_sleeping"])
 
 
 def greedy(url: str) -> list[str]:
@@ -75,24 +85,25 @@ def gpu_mib() -> int:
 def test_sleep_frees_the_gpu_and_wake_up_serves_the_same_tokens(url: str) -> None:
     before = greedy(url)
     held = gpu_mib()
-    assert call(url, "/is_sleeping")["is_sleeping"] is False
+    assert sleeping(url) is False
 
-    assert call(url, "/sleep?level=1")["status"] == "sleeping"
-    assert call(url, "/is_sleeping")["is_sleeping"] is True
+    assert call(url, "/sleep?level=1") is None  # 200, empty body
+    assert sleeping(url) is True
     asleep = gpu_mib()
     print(f"GPU memory: {held} MiB awake, {asleep} MiB asleep (level 1)")
     assert asleep < held * 0.5, (held, asleep)
 
-    assert call(url, "/wake_up")["status"] == "awake"
-    assert call(url, "/is_sleeping")["is_sleeping"] is False
+    assert call(url, "/wake_up") is None
+    assert sleeping(url) is False
     assert greedy(url) == before  # level 1 kept the weights in host memory
 
 
 def test_level_2_drops_the_weights_and_wakes_in_two_steps(url: str) -> None:
-    assert call(url, "/sleep?level=2")["status"] == "sleeping"
-    assert call(url, "/is_sleeping")["is_sleeping"] is True
+    assert call(url, "/sleep?level=2") is None
+    assert sleeping(url) is True
     # The lent engine's route: weights first (a weight load would go here), then the cache.
-    assert call(url, "/wake_up?tags=weights")["status"] == "sleeping"
-    assert call(url, "/wake_up?tags=kv_cache")["status"] == "awake"
-    assert call(url, "/is_sleeping")["is_sleeping"] is False
+    assert call(url, "/wake_up?tags=weights") is None
+    assert sleeping(url) is True  # the KV cache still sleeps
+    assert call(url, "/wake_up?tags=kv_cache") is None
+    assert sleeping(url) is False
     assert len(greedy(url)) == 16  # serves again (its weights: whatever was loaded)

@@ -290,9 +290,9 @@ def test_a_dataset_without_one_valid_row_produces_nothing_and_says_so(fresh, tmp
     path.write_text('{not json\n{"prompt": 3}\n')
     run = rollout(*fresh, "produce", "--dataset", str(path), "--quiet")
     assert run.code == 1 and run.seconds < BOUND_S and "Traceback" not in run.stderr
-    assert "skipped row 0: not valid JSON" in run.stderr and "skipped row 1: prompt" in run.stderr
+    assert "skipped row 1: not valid JSON" in run.stderr and "skipped row 2: prompt" in run.stderr
     assert run.lines[-1] == f"rollout: error: nothing produced: {path} has no valid row"
-    assert sum("row 0" in line for line in run.lines) == 1  # printed once, not also logged
+    assert sum("row 1:" in line for line in run.lines) == 1  # printed once, not also logged
 
 
 def test_negative_limits_are_refused_by_the_parser(dataset) -> None:

@@ -75,7 +75,7 @@ def test_topics_produce_and_consume(kafka_bootstrap, tmp_path, unique) -> None:
     assert produced.returncode == 0, produced.stderr
     assert json.loads(produced.stdout.splitlines()[-1])["sent"] == 12
     assert "skipped 2 invalid rows" in produced.stderr
-    assert "row 12: not valid JSON" in produced.stderr and "row 13: prompt" in produced.stderr
+    assert "row 13: not valid JSON" in produced.stderr and "row 14: prompt" in produced.stderr
 
     consumed = run_cli(*flags, "consume", "--topic", "prompts", "--limit", "12", "--timeout", "30")
     assert consumed.returncode == 0, consumed.stderr

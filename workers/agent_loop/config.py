@@ -74,7 +74,13 @@ class AgentLoopWorkerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    group_id: str = Field(default="agent-loop", description="Consumer group on the prompts topic.")
+    group_id: str = Field(
+        default="agent-loop",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Consumer group on the prompts topic; default in a run: "
+        "`{topics.prefix}agent-loop`.",
+    )
     model: str = Field(default="", description="Model directory (tokenizer and chat template).")
     tool_parser: str | None = Field(
         default=None,

@@ -9,18 +9,28 @@
   topic with as many partitions as its source topic (a key's state lives on the changelog
   partition of its source partition), and refuses one that exists with another count: the
   state in it would no longer line up with the source partitions.
-- `prepare_stage`: all of that for a stateful stage before it starts.
+- `group_offsets(kafka, group)`, `group_topics(kafka, group)`: what a consumer group has
+  committed, and on which topics.
+- `prepare_stage`: all of that for a stateful stage before it starts, and the refusal of a
+  group (so a changelog) that already served another run's topics: its state would drop this
+  run's records as already done.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+    TopicAlreadyExistsError,
+)
 
 from schemas.errors import RolloutError
 from workers.kafka.clients import make_admin
@@ -30,12 +40,21 @@ __all__ = [
     "TopicLayout",
     "ensure_changelog",
     "ensure_topics",
+    "group_offsets",
+    "group_topics",
     "missing_topics",
     "prepare_stage",
     "topic_partitions",
 ]
 
 log = logging.getLogger("rollout.kafka.admin")
+
+#: A group's coordinator is being made, loaded or moved: asked again, never fatal.
+_COORDINATOR_MOVING = (
+    CoordinatorNotAvailableError,
+    CoordinatorLoadInProgressError,
+    NotCoordinatorError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,22 +144,56 @@ def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partit
         )
 
 
+def group_offsets(kafka: KafkaConfig, group: str, *, wait_s: float = 30.0) -> dict[Any, Any]:
+    """The committed offsets of the consumer group `group` (TopicPartition → OffsetAndMetadata;
+    empty for a new group). A broker that has not yet made its offsets topic (the first group
+    a fresh cluster sees) answers "coordinator not available" for a few seconds: asked again
+    for up to `wait_s`."""
+    admin = make_admin(kafka)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                return dict(admin.list_group_offsets({group: None}).get(group, {}))
+            except _COORDINATOR_MOVING:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        admin.close()
+
+
+def group_topics(kafka: KafkaConfig, group: str) -> set[str]:
+    """The topics the consumer group `group` has committed offsets on (none: a new group)."""
+    return {tp.topic for tp, at in group_offsets(kafka, group).items() if at.offset >= 0}
+
+
 def prepare_stage(
     kafka: KafkaConfig,
     topics: TopicsConfig,
     *,
     source: str,
     changelog: str,
+    group: str,
     needs: Sequence[str] = (),
     error: type[RolloutError] = RolloutError,
 ) -> int:
     """Before a stateful stage starts: the partitions of its `source` role's topic, once the
     topics of `needs` (roles) are known to exist and its `changelog` has as many partitions.
-    `error(message)` for a topic that does not exist."""
+    `error(message)` for a topic that does not exist, or for a `group` that has consumed
+    other topics than this run's source: its changelog holds another run's state."""
     counts = {role: topic_partitions(kafka, topics.name(role)) for role in (source, *needs)}
     for role, count in counts.items():
         if count is None:
             raise error(f"topic {topics.name(role)} does not exist (run `rollout topics create`)")
+    source_topic = topics.name(source)
+    if others := sorted(group_topics(kafka, group) - {source_topic}):
+        raise error(
+            f"consumer group {group} already consumed {', '.join(others)} (another run's "
+            f"topics), so its changelog {changelog} holds that run's state and would drop "
+            f"{source_topic}'s records as done; leave the stage's group_id unset (it follows "
+            "topics.prefix) or name a new one"
+        )
     partitions = counts[source]
     assert partitions is not None
     ensure_changelog(kafka, topics, changelog, partitions)

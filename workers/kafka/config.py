@@ -172,3 +172,10 @@ class TopicsConfig(BaseModel):
 
     def all_names(self) -> dict[str, str]:
         return {role: self.name(role) for role in self.ROLES}
+
+    @property
+    def run_name(self) -> str:
+        """The run these topics belong to: the prefix without its trailing separators
+        (`rl.` → `rl`, `exp7.` → `exp7`; `run` for an empty prefix). A run's directory
+        (`runs/<run_name>`) and its consumer groups are named after it."""
+        return self.prefix.rstrip("._-") or "run"

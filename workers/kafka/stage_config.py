@@ -17,12 +17,15 @@ __all__ = ["StageLoopConfig", "group_id_field", "sweep_interval_field"]
 
 
 def group_id_field(default: str) -> Any:
-    """The `group_id` field with a stage's default."""
+    """The `group_id` field with a stage's default (the run's config derives it from the topic
+    prefix when it is not set: `{topics.prefix}{stage}`)."""
     return Field(
         default=default,
         min_length=1,
         pattern=r"^[A-Za-z0-9._-]+$",
-        description="Consumer group id, and the prefix of the stage's changelog topic.",
+        description="Consumer group id, and the prefix of the stage's changelog topic; "
+        f"default in a run: `{{topics.prefix}}{default.removeprefix('rollout-')}`, so two runs "
+        "(two prefixes) never share offsets or state.",
     )
 
 

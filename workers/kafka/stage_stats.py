@@ -3,11 +3,14 @@
 Counters only grow. `snapshot()` is the counters sorted by name, then what a stage adds
 (`extra_snapshot`), then `uptime_s`, `last_batch_s` and `pid`; `write()` replaces the file at
 `path` atomically (write a temporary file, then rename), so a reader never sees half of one.
+`warn_growth` says in the log, with the count, when records were dropped as already done, so
+a drop is never silent.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -25,6 +28,7 @@ class StageStats:
         self.path = Path(path) if path else None
         self.started = time.time()
         self.last_batch_s = 0.0
+        self._warned: dict[tuple[str, ...], tuple[int, float]] = {}
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -41,6 +45,18 @@ class StageStats:
             "last_batch_s": round(self.last_batch_s, 4),
             "pid": os.getpid(),
         }
+
+    def warn_growth(
+        self, names: tuple[str, ...], message: str, logger: logging.Logger, every_s: float = 10.0
+    ) -> None:
+        """Log `message` (one `%d`: the total) at WARNING when the counters `names` together
+        grew since the last time it was logged, at most once every `every_s`."""
+        total = sum(self.counts[name] for name in names)
+        said, at = self._warned.get(names, (0, 0.0))
+        now = time.monotonic()
+        if total > said and now - at >= every_s:
+            self._warned[names] = (total, now)
+            logger.warning(message, total)
 
     def write(self, extra: dict[str, Any] | None = None) -> None:
         """Write the snapshot (and `extra`) atomically to `path`, if one is set."""

@@ -81,6 +81,7 @@ class StageWorker(Generic[C]):
             topics,
             source=self.source,
             changelog=config.changelog_topic,
+            group=config.group_id,
             needs=self.needs,
             error=self.error,
         )

@@ -138,6 +138,13 @@ class ReplayStage:
         await self.processor.process(records)
         self.stats.last_batch_s = time.monotonic() - started
         self.stats.write()
+        self.stats.warn_growth(
+            ("duplicates", "late_samples"),
+            "%d samples dropped as already grouped (duplicates, late_samples): redelivered "
+            "after a restart, or produced again under a uid this stage (group "
+            f"{self.config.group_id}) grouped before; no group is emitted twice",
+            log,
+        )
         now = time.monotonic()
         if now - self._last_log > 30:
             self._last_log = now

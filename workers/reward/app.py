@@ -211,6 +211,13 @@ class RewardStage:
             self.stats.last_batch_s = time.monotonic() - started
         extra = self.pool.stats() if self.pool is not None else None
         self.stats.write(extra)
+        self.stats.warn_growth(
+            ("after_done", "duplicate_completion"),
+            "%d turns dropped as already scored (after_done, duplicate_completion): a turn "
+            "redelivered after a restart, or a prompt produced again under a uid this stage "
+            f"(group {self.config.group_id}) scored before; nothing is scored twice",
+            log,
+        )
         now = time.monotonic()
         if now - self._last_log > 30:
             self._last_log = now

@@ -280,6 +280,24 @@ class RewardConfig(StageLoopConfig):
             raise ValueError("reward_model.enable needs reward_model.addresses (/classify URLs)")
         return self
 
+    def unscorable(self, data_source: str, ground_truth: object) -> str | None:
+        """Why this stage could not score a prompt of `data_source` with `ground_truth` (None:
+        it can). Only the rule scorers need anything of a prompt; a custom function, a reward
+        model or a judge take any. `rollout produce` asks before it sends a row, so a prompt
+        the stage would dead-letter is refused before any compute is spent on it."""
+        if self.scorer_kind != "rule":
+            return None
+        scorer = self.data_sources.get(data_source)
+        if scorer is None:
+            known = ", ".join(sorted(self.data_sources))
+            return (
+                f"no scorer for data_source {data_source!r} (reward.data_sources knows {known}; "
+                "reward.custom scores any)"
+            )
+        if ground_truth is None:
+            return f"the {scorer} scorer needs reward_model.ground_truth; the row has none"
+        return None
+
     @property
     def changelog_topic(self) -> str:
         """The compacted topic trajectory states are kept in (as many partitions as rl.turns)."""

@@ -10,7 +10,9 @@ plane: versions, counts and staleness are as with checkpoints) and then:
   that do not serve the version the trainer holds and published (one that started late or
   restarted, and waits, serving nothing), only while the weights are exactly that version;
 - `checkpoint_due(version)`: checkpoints are still written every `checkpoint_every` versions,
-  for resuming only;
+  for resuming, and at the version after a transfer that a replica did not join: that replica
+  is granted nothing until that version is published and takes it the checkpoint way (where it
+  can read the checkpoint; else its standing want is served after);
 - `finish(model, version)` at a clean stop: serves the replicas still behind (for at most
   `timeout_s`), since none can get weights from a trainer that is gone.
 
@@ -66,13 +68,16 @@ class BroadcastPublisher:
         )
 
     def checkpoint_due(self, version: int) -> bool:
-        return version % self.config.checkpoint_every == 0
+        return version % self.config.checkpoint_every == 0 or bool(self.hub.benched)
 
     def transfer(self, model: Any, version: int) -> TransferReport:
         """Send `version` (just published) to every replica that waits for weights (only to
         those that lack it when `version` was published before: a re-publication)."""
         fresh, self.published = self.published != version, version
-        return self._send(model, version, self.hub.pending(None if fresh else version))
+        report = self._send(model, version, self.hub.pending(None if fresh else version))
+        if fresh:  # those benched took this version the checkpoint way; now these are
+            self.hub.release(report.not_joined)
+        return report
 
     def serve_waiting(self, model: Any, version: int) -> TransferReport | None:
         """Send the published `version` to replicas that lack it, if any (None if none, or if
@@ -103,6 +108,7 @@ class BroadcastPublisher:
 
     def _send(self, model: Any, version: int, wants: list[Any]) -> TransferReport:
         report = self.hub.send(unique_tensors(model.state_dict()), version, wants)
+        self.hub.benched |= set(report.not_joined)
         if wants:
             log.info(
                 "version %d to %d replicas in %.2fs (%.1f MB, %d buckets; open %.2fs, pack "
@@ -115,7 +121,10 @@ class BroadcastPublisher:
                 report.open_s,
                 report.pack_s,
                 report.send_s,
-                f"; dropped {sorted(report.dropped)}" if report.dropped else "",
+                f"; dropped {sorted(report.dropped)} (did not join: {report.not_joined}; "
+                f"so far {self.hub.counts})"
+                if report.dropped
+                else "",
             )
         return report
 

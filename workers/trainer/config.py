@@ -106,7 +106,10 @@ class TrainerConfig(BaseModel):
     checkpoint_dir: str = Field(
         default="checkpoints",
         min_length=1,
-        description="Shared storage for `step-N/` checkpoints and the `latest` pointer.",
+        description="Shared storage for `step-N/` checkpoints and the `latest` pointer; "
+        "default in a run: `runs/<run>/checkpoints` (`<run>`: `topics.prefix` without its "
+        "trailing dot; `rollout up`: `<run dir>/checkpoints`), so runs never resume each "
+        "other's checkpoints.",
     )
     keep_checkpoints: int = Field(
         default=3, ge=2, le=1000, description="Newest checkpoints kept; older ones are deleted."
@@ -119,8 +122,10 @@ class TrainerConfig(BaseModel):
     group_id: str = Field(
         default="trainer",
         min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
         description="Consumer group on the replay topic (offsets committed for monitoring; "
-        "the checkpoint's offsets are the truth on restart).",
+        "the checkpoint's offsets are the truth on restart); default in a run: "
+        "`{topics.prefix}trainer`.",
     )
     train_batch_size: int = Field(
         default=8,

@@ -6,6 +6,7 @@ RolloutError
     ├── CheckpointError         a checkpoint cannot be read or is inconsistent
     ├── DeviceError             the configured training device is not there
     ├── PublishError            the broker did not acknowledge a PolicyVersion / stale group
+    ├── RunFinishedError        the run's latest checkpoint is already at `max_steps`
     └── RouterReplayError       routing replay does not fit the model (dense, another router
                                 kind, routing recorded by a model of another shape)
 """
@@ -20,6 +21,7 @@ __all__ = [
     "DeviceError",
     "PublishError",
     "RouterReplayError",
+    "RunFinishedError",
     "TrainerError",
 ]
 
@@ -46,3 +48,7 @@ class PublishError(TrainerError):
 
 class RouterReplayError(TrainerError):
     """`trainer.router_replay` or a batch's recorded routing does not fit the trained model."""
+
+
+class RunFinishedError(TrainerError):
+    """The run's latest checkpoint is already at `trainer.max_steps`: nothing to train."""

@@ -28,7 +28,8 @@ Invariants:
   a weight-0 micro-batch sends a row of 0 tokens, which is dropped (`summarize` would ignore it).
 - The step's own collectives (the loss, the metric rows) carry CPU tensors on `group`, the
   trainer's gloo control group, never on the default group: that is NCCL on GPUs, which takes
-  no CPU tensor. FSDP2's collectives (device tensors, on the mesh) are its own.
+  no CPU tensor. Without a `group` they go to the default group as tensors on the policy's
+  device (CUDA tensors for NCCL). FSDP2's collectives (device tensors, on the mesh) are its own.
 - No-grad forwards (proximal and reference logprobs) run on the whole batch on every rank.
 """
 
@@ -101,7 +102,7 @@ def _update(
     *,
     rank: int,
     world: int,
-    group: Any,
+    group: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, float]]]:
     optimizer.zero_grad(set_to_none=True)
     counts = UpdateCounts.of(mb, config)  # the mini-batch's, global: not the share's
@@ -126,9 +127,11 @@ def _update(
     if math.isfinite(grad_norm):  # the same on every rank: the norm is global
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    local_loss = local_loss.cpu()  # the control group is gloo
+    # The control group is gloo (CPU tensors); the default group takes the policy's device.
+    on = torch.device("cpu") if group is not None else device
+    local_loss = local_loss.to(on)
     dist.all_reduce(local_loss, group=group)
-    parts = _gather_parts(rows, world, group)
+    parts = _gather_parts(rows, world, group, on)
     metrics = summarize(parts)
     metrics.update(
         loss=float(local_loss),
@@ -138,10 +141,12 @@ def _update(
     return metrics, parts
 
 
-def _gather_parts(rows: list[list[float]], world: int, group: Any) -> list[dict[str, float]]:
+def _gather_parts(
+    rows: list[list[float]], world: int, group: Any, device: torch.device
+) -> list[dict[str, float]]:
     """Every rank's micro-batch metrics (equal row counts by construction), real rows only,
     each with the keys its micro-batch had."""
-    local = torch.tensor(rows, dtype=torch.float64)
+    local = torch.tensor(rows, dtype=torch.float64, device=device)
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local, group=group)
     n, tokens = len(KEYS), KEYS.index("tokens")
@@ -161,12 +166,13 @@ def sharded_train_step(
     *,
     rank: int,
     world: int,
-    group: Any,
+    group: Any = None,
     ref_model: Any | None = None,
 ) -> dict[str, Any]:
     """`workers.trainer.step.train_step` for rank `rank` of `world`; same metrics, same update.
 
     Every rank must call it with the same `batch` (see the module docstring); `group` is a
-    gloo group of every rank (the trainer's control group) for the step's CPU collectives."""
+    gloo group of every rank (the trainer's control group) for the step's CPU collectives
+    (None: the default group, with tensors on the policy's device)."""
     update = functools.partial(_update, rank=rank, world=world, group=group)
     return train_step(model, optimizer, batch, config, ref_model=ref_model, update=update)

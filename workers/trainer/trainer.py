@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 from kafka.errors import KafkaError
 
-from schemas.codec import encode, headers_for
 from schemas.events import PolicyVersion, TrainingGroup
 from schemas.stale import drop_headers, staleness, too_stale
 from workers.kafka.admin import missing_topics
@@ -68,8 +67,14 @@ from workers.trainer.checkpoint import (
 )
 from workers.trainer.config import TrainerConfig
 from workers.trainer.consumer import Item, TrajectoryConsumer
-from workers.trainer.exceptions import CheckpointError, PublishError, TrainerError
+from workers.trainer.exceptions import (
+    CheckpointError,
+    PublishError,
+    RunFinishedError,
+    TrainerError,
+)
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
+from workers.trainer.publisher import send_policy_version
 from workers.trainer.steplog import StepLog, staleness_histogram
 from workers.transfer.config import WeightTransferConfig
 
@@ -82,8 +87,6 @@ if TYPE_CHECKING:
 __all__ = ["Trainer", "TrainerResult", "run_trainer"]
 
 log = logging.getLogger("rollout.trainer")
-
-POLICY_KEY = "policy"
 
 
 @dataclass
@@ -150,6 +153,8 @@ class Trainer:
         self.pad_token_id = int(pad) if pad is not None else 0
         self.recent = DedupWindow(self.state.recent_groups, self.config.dedup_window)
         self.checkpointed: int | None = self.state.version if ckpt is not None else None
+        if ckpt is not None:
+            log.warning("resuming from %s (version %d)", ckpt.path, self.state.version)
         log.info(
             "trainer %s starts at version %d from %s on %s (positions %s)",
             self.run_id,
@@ -158,6 +163,19 @@ class Trainer:
             self.device,
             self.state.positions,
         )
+
+    def _refuse_finished(self) -> None:
+        """A run whose latest checkpoint is already at `max_steps` has nothing to train: one
+        line and a non-zero exit, before the model loads (a run that resumed another's
+        checkpoints and "trained" 0 steps exited 0 before)."""
+        ckpt = load_latest(self.root)
+        limit = self.config.max_steps
+        if ckpt is not None and limit is not None and ckpt.state.version >= limit:
+            raise RunFinishedError(
+                f"{ckpt.path} is already at version {ckpt.state.version}, trainer.max_steps "
+                f"is {limit}: nothing to train; --steps above {ckpt.state.version} continues "
+                "this run, another topics.prefix (or checkpoint_dir) starts a new one"
+            )
 
     def _build_model(self, ckpt: Any) -> None:
         """The policy, its AdamW (restored from `ckpt` if given) and the frozen reference.
@@ -207,6 +225,7 @@ class Trainer:
         roles = ("replay", "policy", "stale", "dlq")
         if missing := missing_topics(self.kafka, [self.topics.name(role) for role in roles]):
             raise TrainerError(f"no topic {', '.join(missing)} (run `rollout topics create`)")
+        self._refuse_finished()
         self._load()
         self.metrics.watch(policy_version=lambda: self.state.version)
         result = TrainerResult(version=self.state.version, steps=0)
@@ -339,9 +358,12 @@ class Trainer:
 
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: a sharded policy
             raise TrainerError("trainer.lend runs with one trainer process, not a sharded world")
-        if self.device.type != "cpu":  # the hf engine feeds CPU tensors; vLLM sleep/wake: none yet
+        if self.device.type != "cpu":  # README "Hybrid lending": why not on a GPU yet
             raise TrainerError(
-                f"trainer.lend lends a CPU trainer only (the hf engine), not one on {self.device}"
+                f"trainer.lend on {self.device}: the lent engine is the hf engine on the "
+                "trainer's own CPU weights; lending a GPU needs a vLLM engine in the trainer's "
+                "process that sleeps while it steps (vLLM's /sleep, /wake_up), which is not "
+                "built: lend a CPU trainer, or run vLLM replicas on other GPUs"
             )
         self.lender = Lender(
             self.config.lend,
@@ -555,16 +577,7 @@ class Trainer:
             samples_trained=st.samples_consumed,
             transfer=self.publisher.announcement if self.publisher is not None else None,
         )
-        future = self.producer.send(
-            self.topics.name("policy"),
-            key=POLICY_KEY,
-            value=encode(event),
-            headers=headers_for(event),
-        )
-        try:
-            future.get(timeout=30)
-        except KafkaError as exc:
-            raise PublishError(f"PolicyVersion {st.version} not acknowledged: {exc}") from exc
+        send_policy_version(self.producer, self.topics, event)
         self.metrics.produced(self.topics.name("policy"))
         if self.publisher is not None and self.publisher.published is None:
             self.publisher.published = st.version  # at start: the weights held are this version

@@ -8,7 +8,9 @@ tensors: one collective per bucket, not per tensor. The manifest says where each
 
 Invariants:
 - A bucket holds at most `bucket_bytes`; a tensor of `alone_bytes` or more travels alone in a
-  bucket of its own size, sent from the tensor itself (`alone`): no copy on the sender.
+  bucket of its own size, sent from the tensor itself (`alone`) when it travels in its own
+  dtype: no copy on the sender. A tensor planned in another dtype (`plan` of `as_dtype`
+  views) is converted as it is packed (`pack`).
 - Every offset is a multiple of `ALIGN` bytes, so a tensor read back is a view of the bucket
   (no copy) whatever its dtype.
 - The manifest is plain JSON (no pickle): dtypes by name, checked against a fixed list when
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ALIGN", "DTYPES", "alone", "pack", "plan", "unpack"]
+__all__ = ["ALIGN", "DTYPES", "alone", "as_dtype", "pack", "plan", "unpack"]
 
 ALIGN = 64
 DTYPES: dict[str, torch.dtype] = {
@@ -50,6 +52,14 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def as_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """What `plan` should see of `tensor` when floating tensors travel in `dtype` (None: as
+    they are): the tensor itself, or a meta tensor of its shape in `dtype` (no memory)."""
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    return torch.empty(tensor.shape, dtype=dtype, device="meta")
 
 
 def plan(
@@ -94,7 +104,10 @@ def alone(bucket: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tor
     own memory (nothing to pack); None for a bucket that must be packed."""
     if len(bucket["tensors"]) != 1:
         return None
-    tensor = tensors[bucket["tensors"][0][0]].detach()
+    name, dtype = bucket["tensors"][0][:2]
+    tensor = tensors[name].detach()
+    if tensor.dtype != DTYPES[dtype]:  # it travels converted (the replica's dtype): packed
+        return None
     if not tensor.is_contiguous() or tensor.dim() == 0 or _nbytes(tensor) != bucket["nbytes"]:
         return None
     return tensor.view(torch.uint8).reshape(-1)
@@ -102,12 +115,13 @@ def alone(bucket: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tor
 
 def pack(bucket: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], out: torch.Tensor) -> None:
     """Copy the bucket's tensors from `tensors` into `out` (uint8, at least `nbytes` long;
-    on any device: a GPU trainer's weights are copied into a CPU bucket here)."""
+    on any device: a GPU trainer's weights are copied into a CPU bucket here), each in the
+    dtype the bucket names for it."""
     with torch.no_grad():
         for name, dtype, shape, offset in bucket["tensors"]:
-            src = tensors[name]
-            view = out[offset : offset + _nbytes(src)].view(DTYPES[dtype]).view(shape)
-            view.copy_(src)
+            size = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+            view = out[offset : offset + size].view(DTYPES[dtype]).view(shape)
+            view.copy_(tensors[name])  # converted to the bucket's dtype where it differs
 
 
 def unpack(bucket: Mapping[str, Any], flat: torch.Tensor) -> dict[str, torch.Tensor]:

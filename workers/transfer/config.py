@@ -37,9 +37,10 @@ class WeightTransferConfig(BaseModel):
         default=60.0,
         gt=0,
         le=3600,
-        description="How long the trainer waits for one replica's group to form, a bucket to "
-        "go out or its receipt; a replica that misses it is dropped from that transfer (it "
-        "gets the next one) and the trainer goes on with the others.",
+        description="How long the trainer waits for one replica's ranks to join, its group to "
+        "form, a bucket to go out (on NCCL: to complete) or its receipt; a replica that misses "
+        "it is dropped from that transfer and the trainer goes on with the others (one that "
+        "did not join gets the next version from a checkpoint written for it).",
     )
     bucket_mb: int = Field(
         default=256,
@@ -59,6 +60,7 @@ class WeightTransferConfig(BaseModel):
     )
     backend: Literal["gloo", "nccl"] = Field(
         default="gloo",
-        description="gloo (CPU tensors; any replica) or nccl (GPU trainer and GPU receivers "
-        "only; the hf replica refuses it).",
+        description="gloo (CPU tensors; any replica) or nccl (a GPU trainer to replicas that "
+        "say they take it, vLLM's GPU workers; the others, hf, get the same version over gloo). "
+        "NCCL groups raise instead of hanging or ending the process (workers/transfer/group.py).",
     )

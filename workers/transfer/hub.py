@@ -5,19 +5,26 @@ store (port 0: a free one; `address` is what to announce). `pending(version)` re
 standing wants (`workers.transfer.protocol`), `send(tensors, version, wants)` runs one
 transfer to them and returns a `TransferReport`, `close()` stops the store.
 
-One transfer: plan the buckets and publish the manifest, grant every want, then pack the
-small tensors bucket by bucket into buffers (with gloo kept for the next transfer) while one
-thread per replica forms that replica's group (trainer rank 0 + its ranks, through a store
-connection of its own), broadcasts each bucket as soon as it is packed (a tensor of a
-sixteenth of a bucket or more goes alone, straight from its own memory), and waits for the
-replica's `received` marks. The replicas' transfers share nothing but what they send: one that
-hangs or dies delays no other.
+One transfer: the wants are sorted into lanes (`workers.transfer.send.Lane`: the backend the
+replica takes and the dtype it serves), each lane's buckets are planned and its manifest
+published, every want is granted; then each lane is packed bucket by bucket (gloo's buffers
+kept for the next transfer) while one thread per replica waits for that replica's ranks to
+join, forms its group (trainer rank 0 + its ranks, through a store connection of its own),
+broadcasts each bucket as soon as it is packed, waits for the replica's `received` marks and
+shuts the group down (`send.serve`). The replicas' transfers share nothing but what they send:
+one that hangs or dies delays no other.
 
 Invariants:
-- A replica that fails (its group does not form, a broadcast or its marks do not come within
-  `timeout_s`) is dropped from this transfer, with the reason, and the others go on: `send`
-  takes at most about `timeout_s` longer than a transfer where all answer, and never raises
-  for a replica's failure.
+- A replica that fails (its ranks do not join, its group does not form, a broadcast or its
+  marks do not come within `timeout_s`) is dropped from this transfer, with the reason, and the
+  others go on: `send` takes at most about `timeout_s` longer than a transfer where all answer,
+  and never raises for a replica's failure. On NCCL as on gloo: no collective is entered with a
+  replica before all its ranks joined, and the NCCL groups raise in the sending thread instead
+  of ending the process (`group` has the torch settings).
+- A replica that did not join (`not_joined`, counted in `counts`) is not granted again until
+  the next version has been published (`release`): it gets that one the checkpoint way.
+- NCCL is granted only to a replica that says it takes it (`Want.backends`); the others get
+  gloo from the same transfer.
 - A want is granted once: the next transfer to that replica needs its next want.
 - The trainer's tensors are read only by `send` and only until it returns; after that they
   may change (the next optimiser step).
@@ -37,19 +44,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.transfer.buckets import alone, pack, plan
 from workers.transfer.exceptions import TransferError
-from workers.transfer.group import Backend, broadcast, open_group, store_client
+from workers.transfer.group import Backend, nccl_environment, nccl_settings
 from workers.transfer.protocol import (
     MEMBERS,
+    NCCL_SHARED_ENV,
     Grant,
     Want,
     grant_key,
     group_prefix,
     manifest_key,
-    received_key,
     want_key,
 )
+from workers.transfer.send import Lane, NotJoined, brief, serve
 
 __all__ = ["TransferHub", "TransferReport", "unique_tensors"]
 
@@ -58,15 +65,18 @@ log = logging.getLogger("rollout.transfer.hub")
 
 @dataclass
 class TransferReport:
-    """What one transfer did: who got version `version`, who was dropped and why, and time."""
+    """What one transfer did: who got version `version`, who was dropped and why (and of
+    those, who did not join), the bytes of each lane, and time."""
 
     version: int
     transfer: int
     receivers: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
-    bytes: int = 0
+    not_joined: list[str] = field(default_factory=list)
+    bytes: int = 0  # over every lane (each packed once, whatever its replicas)
     buckets: int = 0
-    open_s: float = 0.0  # forming a replica's group (the slowest that formed)
+    lanes: dict[str, dict[str, Any]] = field(default_factory=dict)  # "gloo/bfloat16": bytes, ...
+    open_s: float = 0.0  # the slowest replica's join and group (that formed)
     pack_s: float = 0.0  # copying the weights into the buckets (overlaps the sends)
     send_s: float = 0.0  # from its group formed to its receipt (the slowest receiver)
     seconds: float = 0.0
@@ -123,12 +133,28 @@ class TransferHub:
         self._members_read = 0
         self._granted: dict[str, str] = {}  # replica → nonce of the want last granted
         self._transfers = 0
-        self._buffers: list[torch.Tensor] = []  # the packed weights, kept between transfers
+        # gloo lanes' packed weights, kept between transfers
+        self._buffers: dict[tuple[str, str | None], list[torch.Tensor]] = {}
+        self.benched: set[str] = set()  # did not join: not granted until `release`
+        self.counts = {"not_joined": 0, "failed": 0}
+        if backend == "nccl":  # before this process's first NCCL group; said in one line
+            changed = nccl_environment()
+            log.info(
+                "NCCL weight transfers with %s (set here: %s; vLLM's processes run with %s)",
+                " ".join(f"{k}={v}" for k, v in nccl_settings().items()),
+                ", ".join(f"{k} {b!r}→{v!r}" for k, (b, v) in changed.items()) or "none",
+                " ".join(f"{k}={v}" for k, v in NCCL_SHARED_ENV.items()),
+            )
 
     def close(self) -> None:
         """Stop the store (its server goes with the last reference)."""
         self._keys = self._store = None
-        self._buffers = []
+        self._buffers = {}
+
+    def release(self, not_joined: list[str]) -> None:
+        """After a version was published and sent: the replicas benched so far may be granted
+        again, and `not_joined` (of that transfer) are benched until the next one."""
+        self.benched = set(not_joined)
 
     # --- who wants ------------------------------------------------------------------------
 
@@ -151,7 +177,7 @@ class TransferHub:
             except ValueError as exc:
                 log.warning("ignoring the want of %s: %s", member, exc)
                 continue
-            if self._granted.get(want.replica) == want.nonce:
+            if self._granted.get(want.replica) == want.nonce or want.replica in self.benched:
                 continue
             if version is not None and want.version == version:
                 continue
@@ -186,138 +212,101 @@ class TransferHub:
         report = TransferReport(version=version, transfer=n)
         if not wants:
             return report
-        # Tensors of a sixteenth of a bucket or more go alone, unpacked (`buckets.alone`).
-        manifest = plan(tensors, self.bucket_bytes, max(1 << 20, self.bucket_bytes // 16))
-        report.bytes, report.buckets = manifest["total_bytes"], len(manifest["buckets"])
-        self._keys.set(manifest_key(n), json.dumps(manifest))
-        grants = {}
+        lanes: dict[tuple[str, str | None], Lane] = {}
+        grants: dict[str, tuple[Grant, Lane]] = {}
         for want in wants:
+            nccl = self.backend == "nccl" and "nccl" in want.backends
+            backend: Backend = "nccl" if nccl else "gloo"
+            key = (backend, want.dtype if want.dtype != _dtype_name(tensors) else None)
+            if key not in lanes:
+                lanes[key] = Lane.planned(backend, key[1], tensors, self.bucket_bytes)
+                self._keys.set(manifest_key(n, key[1]), json.dumps(lanes[key].manifest))
+            lane = lanes[key]
+            lane.replicas.append(want.replica)
             grant = Grant(
                 version=version,
                 transfer=n,
                 address=self.address,
                 session=self.session,
                 group=group_prefix(n, want.replica),
-                manifest=manifest_key(n),
+                manifest=manifest_key(n, key[1]),
                 rank=1,
                 world=1 + want.ranks,
                 timeout_s=self.timeout_s,
-                backend=self.backend,
+                backend=backend,
+                env=dict(NCCL_SHARED_ENV) if backend == "nccl" else None,
             )
             self._keys.set(grant_key(want.nonce), grant.dumps())
             self._granted[want.replica] = want.nonce
-            grants[want.replica] = grant
-        log.info("transfer %d: version %d to %s", n, version, sorted(grants))
-        buckets, named = manifest["buckets"], dict(tensors)
-        direct = [alone(b, named) for b in buckets]
-        snapshot = self._snapshot(buckets, direct, tensors[0][1].device)
-        packed = [threading.Event() for _ in buckets]
-        for done, view in zip(packed, direct, strict=True):
-            if view is not None:
-                done.set()  # the tensor itself goes: nothing to pack
+            grants[want.replica] = (grant, lane)
+        log.info(
+            "transfer %d: version %d to %s (%s)",
+            n,
+            version,
+            sorted(grants),
+            ", ".join(f"{lane.name}: {sorted(lane.replicas)}" for lane in lanes.values()),
+        )
+        named, device = dict(tensors), tensors[0][1].device
+        for (backend, dtype), lane in lanes.items():
+            kept = lane.allocate(named, device, self._buffers.get((backend, dtype), []))
+            if kept:
+                self._buffers[(backend, dtype)] = kept
+            manifest = lane.manifest
+            report.bytes += manifest["total_bytes"]
+            report.buckets += len(manifest["buckets"])
+            report.lanes[lane.name] = {
+                "bytes": manifest["total_bytes"],
+                "buckets": len(manifest["buckets"]),
+                "replicas": sorted(lane.replicas),
+            }
         failed = threading.Event()
         with ThreadPoolExecutor(max_workers=len(grants)) as pool:
             futures = {
-                replica: pool.submit(self._serve, grant, snapshot, packed, failed)
-                for replica, grant in grants.items()
+                replica: pool.submit(
+                    serve, grant, lane, session=self.session, host=self.host, failed=failed
+                )
+                for replica, (grant, lane) in grants.items()
             }
             try:
                 packing = time.monotonic()
-                for bucket, buffer, done in zip(buckets, snapshot, packed, strict=True):
-                    if not done.is_set():
-                        pack(bucket, named, buffer)
-                        done.set()
+                for lane in lanes.values():
+                    lane.pack(named)
                 report.pack_s = time.monotonic() - packing
             finally:
                 failed.set()  # senders still waiting for a bucket give up (only on an error)
             for replica, future in futures.items():
                 try:
                     open_s, send_s = future.result()
-                except Exception as exc:  # torch's store/gloo errors: this replica only
-                    report.dropped[replica] = _brief(exc)
+                except NotJoined as exc:
+                    report.not_joined.append(replica)
+                    report.dropped[replica] = str(exc)
+                except Exception as exc:  # torch's store/backend errors: this replica only
+                    report.dropped[replica] = brief(exc)
                 else:
                     report.receivers.append(replica)
                     report.open_s = max(report.open_s, open_s)
                     report.send_s = max(report.send_s, send_s)
-        try:
-            self._keys.delete_key(manifest_key(n))
-        except RuntimeError as exc:  # the store is ours: only its own failure lands here
-            log.warning("transfer %d: manifest not deleted: %s", n, exc)
+        for lane in lanes.values():
+            lane.snapshot = []  # NCCL's buffers go back to the device's allocator
+        for dtype in {dtype for _, dtype in lanes}:
+            try:
+                self._keys.delete_key(manifest_key(n, dtype))
+            except RuntimeError as exc:  # the store is ours: only its own failure lands here
+                log.warning("transfer %d: manifest not deleted: %s", n, exc)
         report.receivers.sort()
+        report.not_joined.sort()
+        self.counts["not_joined"] += len(report.not_joined)
+        self.counts["failed"] += len(report.dropped) - len(report.not_joined)
         report.seconds = time.monotonic() - started
         for replica, why in report.dropped.items():
             log.warning("transfer %d: dropped %s: %s", n, replica, why)
         return report
 
-    def _snapshot(
-        self,
-        buckets: list[dict[str, Any]],
-        direct: list[torch.Tensor | None],
-        device: torch.device,
-    ) -> list[torch.Tensor]:
-        """What each bucket is sent from: the tensor itself when it goes alone and lies where
-        the backend sends from (gloo: the CPU), else a buffer it is packed into. With gloo the
-        buffers are kept for the next transfer (the same model plans the same buckets: fresh
-        memory costs a page fault per page, as much as the copy); NCCL's, on the GPU, not."""
-        home = device if self.backend == "nccl" else torch.device("cpu")
-        for i, view in enumerate(direct):
-            if view is not None and view.device != home:
-                direct[i] = None
-        sizes = [
-            0 if view is not None else b["nbytes"] for b, view in zip(buckets, direct, strict=True)
-        ]
-        if self.backend == "nccl":
-            buffers = [torch.empty(n, dtype=torch.uint8, device=home) for n in sizes]
-        else:
-            if [t.numel() for t in self._buffers] != sizes:
-                self._buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
-            buffers = self._buffers
-        return [
-            view if view is not None else buffer
-            for view, buffer in zip(direct, buffers, strict=True)
-        ]
 
-    def _serve(
-        self,
-        grant: Grant,
-        snapshot: list[torch.Tensor],
-        packed: list[threading.Event],
-        failed: threading.Event,
-    ) -> tuple[float, float]:
-        """One replica's transfer, in a thread of its own: form its group, broadcast each
-        bucket as soon as it is packed, wait for its receipt. Returns (open_s, send_s)."""
-        started = time.monotonic()
-        client = dist.PrefixStore(self.session + "/", store_client(self.address, self.timeout_s))
-        try:
-            group = open_group(
-                client,
-                grant.group,
-                0,
-                grant.world,
-                timeout_s=self.timeout_s,
-                backend=self.backend,
-                hostname=self.host,
-            )
-        except Exception as exc:
-            raise RuntimeError(f"group did not form: {_brief(exc)}") from exc
-        opened = time.monotonic()
-        for buffer, done in zip(snapshot, packed, strict=True):
-            while not done.wait(0.1):
-                if failed.is_set() and not done.is_set():
-                    raise RuntimeError("packing failed")
-            try:
-                broadcast(group, buffer).wait()
-            except Exception as exc:
-                raise RuntimeError(f"broadcast failed: {_brief(exc)}") from exc
-        keys = [received_key(grant.group, rank) for rank in range(1, grant.world)]
-        try:
-            client.wait(keys, timedelta(seconds=self.timeout_s))
-        except Exception as exc:
-            raise RuntimeError(f"no receipt: {_brief(exc)}") from exc
-        return opened - started, time.monotonic() - opened
-
-
-def _brief(exc: BaseException) -> str:
-    """torch's errors carry their C++ source location first: keep the message's last line."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
+def _dtype_name(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The dtype of the trainer's floating weights (a replica serving it needs no lane of
+    its own), None when there are none."""
+    for _, tensor in tensors:
+        if tensor.is_floating_point():
+            return str(tensor.dtype).removeprefix("torch.")
+    return None

@@ -6,10 +6,19 @@ The trainer runs a `TCPStore` for its whole life and announces `host:port` and a
     members              append-only, one replica id a line: replicas that ever wanted here
     want/<replica>       `Want`: the replica's latest request for weights (JSON)
     grant/<nonce>        `Grant`: the answer to the want with that nonce (JSON)
-    manifest/<n>         the bucket manifest of transfer n (`buckets.plan`)
-    group/<n>/<replica>  the process group of transfer n to that replica (gloo's own keys),
-                         and `received/<rank>`, set by each receiving rank once it has every
-                         bucket (the trainer tears the group down only after)
+    manifest/<n>[/<dtype>]  the bucket manifest of transfer n (`buckets.plan`), one per dtype
+                         the tensors travel in (a replica gets its weights in the dtype it
+                         serves: no suffix for the trainer's own)
+    group/<n>/<replica>  the process group of transfer n to that replica (the backend's own
+                         keys) and the marks of its receiving ranks, in this order:
+                         `joined/<rank>` (before the rank enters the group: the trainer opens
+                         its end, and so broadcasts, only once every rank has joined, and drops
+                         a replica whose ranks do not join within the timeout without ever
+                         entering a collective with it), `bucket/<i>/<rank>` (bucket i is
+                         complete in the receiver's memory: its stream synchronised) and
+                         `received/<rank>` (every bucket is; the trainer shuts the group down
+                         only after). Each mark's value is the count of `order` at the time
+                         (`store.add`): one order over all the group's marks.
 
 A replica's controller keeps one want standing: after each load it posts a new one (new nonce,
 the version it now serves), so at the trainer's next version every live replica is already
@@ -30,17 +39,32 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "BACKENDS",
+    "FLOAT_DTYPES",
     "MEMBERS",
+    "NCCL_SHARED_ENV",
     "Grant",
     "Want",
+    "bucket_key",
     "grant_key",
     "group_prefix",
+    "joined_key",
     "manifest_key",
+    "order_key",
     "received_key",
     "want_key",
 ]
 
 MEMBERS = "members"
+BACKENDS = ("gloo", "nccl")
+#: NCCL settings both ends of an NCCL transfer must share: vLLM's processes run with
+#: NCCL_CUMEM_ENABLE=0 (and the replica launcher sets it for the vLLM it starts), and NCCL weight
+#: sync between a trainer and vLLM is documented to fail unless the two match (vLLM's
+#: troubleshooting page). The trainer sets these before its first NCCL group and names them in
+#: each grant; a receiver whose process differs refuses the grant (it does not join).
+NCCL_SHARED_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+#: dtype names a replica may announce it serves (floating tensors travel in it).
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def want_key(replica: str) -> str:
@@ -51,8 +75,8 @@ def grant_key(nonce: str) -> str:
     return f"grant/{nonce}"
 
 
-def manifest_key(transfer: int) -> str:
-    return f"manifest/{transfer}"
+def manifest_key(transfer: int, dtype: str | None = None) -> str:
+    return f"manifest/{transfer}" + (f"/{dtype}" if dtype else "")
 
 
 def group_prefix(transfer: int, replica: str) -> str:
@@ -61,6 +85,18 @@ def group_prefix(transfer: int, replica: str) -> str:
 
 def received_key(group: str, rank: int) -> str:
     return f"{group}/received/{rank}"
+
+
+def joined_key(group: str, rank: int) -> str:
+    return f"{group}/joined/{rank}"
+
+
+def bucket_key(group: str, index: int, rank: int) -> str:
+    return f"{group}/bucket/{index}/{rank}"
+
+
+def order_key(group: str) -> str:
+    return f"{group}/order"
 
 
 def _int(data: dict[str, Any], key: str, low: int) -> int:
@@ -89,12 +125,17 @@ class Want:
     """A replica asks for the trainer's weights.
 
     `version`: what it serves now (-1: nothing of the trainer's yet: it has just started and
-    waits for weights). `ranks`: the processes that receive (a vLLM replica's workers)."""
+    waits for weights). `ranks`: the processes that receive (a vLLM replica's workers).
+    `dtype`: the dtype it serves (its floating weights travel in it; None: the trainer's).
+    `backends`: the groups its processes can join (the hf replica: gloo only; a want that
+    does not say is gloo only: NCCL is granted only to a replica that says it takes it)."""
 
     replica: str
     nonce: str
     version: int
     ranks: int = 1
+    dtype: str | None = None
+    backends: tuple[str, ...] = ("gloo",)
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))
@@ -102,18 +143,27 @@ class Want:
     @classmethod
     def loads(cls, raw: bytes | str | dict[str, Any]) -> Want:
         data = _object(raw)
+        dtype = data.get("dtype")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be one of {FLOAT_DTYPES} or null, not {dtype!r}")
+        backends = data.get("backends", ["gloo"])
+        if not isinstance(backends, list) or not set(backends) <= set(BACKENDS):
+            raise ValueError(f"backends must be a list of {BACKENDS}, not {backends!r}")
         return cls(
             replica=_str(data, "replica"),
             nonce=_str(data, "nonce"),
             version=_int(data, "version", -1),
             ranks=_int(data, "ranks", 1),
+            dtype=dtype,
+            backends=tuple(backends),
         )
 
 
 @dataclass(frozen=True)
 class Grant:
     """The trainer's answer: join group `group` of `world` ranks as ranks `rank`.. and receive
-    the buckets of `manifest`, which are policy version `version`."""
+    the buckets of `manifest`, which are policy version `version`. `env`: the NCCL settings
+    the trainer's process runs with (`NCCL_SHARED_ENV`; NCCL grants only)."""
 
     version: int
     transfer: int
@@ -125,6 +175,7 @@ class Grant:
     world: int
     timeout_s: float
     backend: str = "gloo"
+    env: dict[str, str] | None = None
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))
@@ -141,6 +192,11 @@ class Grant:
         backend = data.get("backend", "gloo")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl, not {backend!r}")
+        env = data.get("env")
+        if env is not None and not (
+            isinstance(env, dict) and all(isinstance(v, str) for v in env.values())
+        ):
+            raise ValueError(f"env must be an object of strings, not {env!r}")
         grant = cls(
             version=_int(data, "version", 0),
             transfer=_int(data, "transfer", 1),
@@ -152,6 +208,7 @@ class Grant:
             world=_int(data, "world", 2),
             timeout_s=float(timeout),
             backend=backend,
+            env=env,
         )
         if grant.rank >= grant.world:
             raise ValueError(f"rank {grant.rank} outside a group of {grant.world}")

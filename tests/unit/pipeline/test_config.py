@@ -213,3 +213,30 @@ def test_the_derived_copies_are_the_fields_left_out_of_dumps() -> None:
         return out
 
     assert excluded(RunConfig) == set(DERIVED)
+
+
+def test_a_runs_groups_changelogs_and_checkpoints_follow_its_prefix(monkeypatch) -> None:
+    """Two prefixes are two runs: no consumer group, changelog or checkpoint directory in
+    common (the same dataset under a new prefix lost every trajectory when the reward
+    stage's changelog was named after a fixed group)."""
+    runs = [load_config(None, {"topics": {"prefix": p}}) for p in ("cc1.", "cc4.")]
+    for cfg, name in zip(runs, ("cc1", "cc4"), strict=True):
+        assert cfg.topics.run_name == name
+        assert cfg.agent_loop.group_id == f"{name}.agent-loop"
+        assert cfg.reward.group_id == f"{name}.reward"
+        assert cfg.reward.changelog_topic == f"{name}.reward-trajectories-changelog"
+        assert cfg.replay.changelog_topic == f"{name}.replay-groups-changelog"
+        assert cfg.trainer.group_id == f"{name}.trainer"
+        assert cfg.trainer.checkpoint_dir == f"runs/{name}/checkpoints"
+    # Named ones are kept (from a flag or the environment alike), and survive a dump.
+    monkeypatch.setenv("ROLLOUT_REPLAY__GROUP_ID", "shared-replay")
+    cfg = load_config(
+        None,
+        {"topics": {"prefix": "x."}, "reward": {"group_id": "mine"},
+         "trainer": {"checkpoint_dir": "/ckpt"}},
+    )  # fmt: skip
+    assert (cfg.reward.group_id, cfg.replay.group_id) == ("mine", "shared-replay")
+    assert (cfg.agent_loop.group_id, cfg.trainer.checkpoint_dir) == ("x.agent-loop", "/ckpt")
+    again = RunConfig(**cfg.redacted())
+    assert again.reward.group_id == "mine" and again.trainer.group_id == "x.trainer"
+    assert TopicsConfig(prefix="").run_name == "run"

@@ -95,6 +95,9 @@ class GatedAdapter:
 
     backend: ClassVar[str]  # the contract's backend name: "vllm", "sglang"
     takes_images: ClassVar[bool] = False  # whether `_generate` passes a request's images on
+    # The groups its processes can receive broadcast weights over (said in /health; the
+    # trainer grants NCCL only to a replica that says it): none by default (SGLang).
+    transfer_backends: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -106,8 +109,10 @@ class GatedAdapter:
         drain_timeout_s: float = 30.0,
         await_weights: bool = False,
         receivers: int = 1,
+        dtype: str | None = None,
     ) -> None:
         self.upstream = upstream
+        self.dtype = dtype  # the dtype it serves (said in /health; None: not known here)
         self.engine = upstream.engine
         self.log = logging.getLogger(f"rollout.replica.{self.backend}")
         # Broadcast weights: serve nothing until the trainer's arrive (gate closed till then);
@@ -438,13 +443,23 @@ class GatedAdapter:
             body = {"status": "unavailable", "version": self.version, "reason": reason}
             if reason == "awaiting weights":
                 body |= {"awaiting_weights": True, "receivers": self.receivers}
+                body |= self._weights_info()
             return web.json_response(body, status=503)
         body = {"status": "ok", "version": self.version, "load": self.load}
         if self.receivers > 1:  # the controller assumes one receiving process otherwise
             body["receivers"] = self.receivers
+        body |= self._weights_info()
         if self.capacity is not None:
             body["capacity"] = self.capacity
         return web.json_response(body)
+
+    def _weights_info(self) -> dict[str, Any]:
+        """What a weight-sync controller puts in its want: the dtype served (its weights
+        travel in it) and the groups this replica can receive over."""
+        info: dict[str, Any] = {"transfer_backends": list(self.transfer_backends)}
+        if self.dtype is not None:
+            info["dtype"] = self.dtype
+        return info
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         try:

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from aiohttp import web
@@ -228,12 +228,22 @@ async def _update_weights(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     engine = _engine(request)
+    # What its weight-sync controller wants with: the dtype it serves, gloo only (CPU).
+    weights = {"dtype": _dtype(engine), "transfer_backends": ["gloo"]}
     if request.app[_STATE].get("awaiting"):  # out of routing until the trainer's weights land
         body = {"status": "unavailable", "version": engine.version, "reason": "awaiting weights"}
-        return web.json_response(body | {"awaiting_weights": True}, status=503)
+        return web.json_response(body | {"awaiting_weights": True} | weights, status=503)
     body = {"status": "ok", "version": engine.version, "load": _load(engine)}
     role = request.app[_STATE]["role"]
-    return _ok(request, body | {"capacity": engine.config.max_batch, "role": role})
+    return _ok(request, body | {"capacity": engine.config.max_batch, "role": role} | weights)
+
+
+def _dtype(engine: HFEngine) -> str:
+    """The dtype of the engine's floating weights (float32 unless a lent trainer's differ)."""
+    for parameter in engine.model.parameters():
+        if parameter.is_floating_point():
+            return str(parameter.dtype).removeprefix("torch.")
+    return "float32"
 
 
 def _load(engine: HFEngine) -> int:
@@ -358,6 +368,7 @@ def serve(
     served_model_name: str | None = None,
     await_weights: bool = False,
     role: ReplicaRole = "policy",
+    dtype: Literal["float32", "bfloat16"] = "float32",
 ) -> None:
     """Run the replica until interrupted (blocking)."""
     from workers.llm.replicas.hf_engine import HFEngineConfig
@@ -367,6 +378,7 @@ def serve(
         max_batch=max_batch,
         prefix_cache_tokens=prefix_cache_tokens,
         max_model_len=max_model_len,
+        dtype=dtype,
     )
     rid = replica_id or f"{BACKEND}-{port}"
     from workers.llm.replicas.hf_classify import create_classifier_app, is_classifier

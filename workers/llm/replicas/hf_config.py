@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +20,11 @@ class HFEngineConfig(BaseModel):
     )
     max_model_len: int | None = Field(
         default=None, ge=2, description="Context limit; default: the model's max positions."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="The dtype the engine serves in (the trainer's fp32 by default, so its "
+        "logprobs are the ones the trainer recomputes); broadcast weights travel in it.",
     )
 
 

@@ -78,7 +78,8 @@ class HFEngine:
         self.model_dir = str(model_dir)
         torch.set_num_threads(self.config.threads)
         if model is None:
-            loaded = load_model(self.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+            dtype = getattr(torch, self.config.dtype)
+            loaded = load_model(self.model_dir, dtype=dtype, attn_implementation="sdpa")
             model = loaded.eval().requires_grad_(False)
         self.model = model
         self.images = (
@@ -99,6 +100,7 @@ class HFEngine:
         heads = int(cfg.num_key_value_heads or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self._geometry = (int(cfg.num_hidden_layers), heads, head_dim)
+        self._dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         self._batch = BatchKV(*self._geometry)
         self._cache_kw = cache_kwarg(self.model)
         self._rows: list[EngineSequence] = []
@@ -323,7 +325,7 @@ class HFEngine:
         logger.info("engine thread stopped")
 
     def _warmup(self) -> None:
-        cache = single_cache(None, *self._geometry, new=8)
+        cache = single_cache(None, *self._geometry, new=8, dtype=self._dtype)
         self.model(input_ids=torch.zeros((1, 4), dtype=torch.long), **{self._cache_kw: cache})
 
     def _admit(self) -> None:
@@ -369,7 +371,7 @@ class HFEngine:
         self.stats.prefix_cache_queries += n
         self.stats.prefix_cache_hits += reuse
         seq.cached_tokens = reuse
-        cache = single_cache(prefix, *self._geometry, new=n - reuse + 1)
+        cache = single_cache(prefix, *self._geometry, new=n - reuse + 1, dtype=self._dtype)
         ids = torch.tensor([seq.prompt[reuse:]])
         plain = seq.images.plain(ids, reuse) if extra else torch.zeros_like(ids, dtype=torch.bool)
         with capture(self.router_tap, routed), plain_image_tokens(self.model, ids, plain) as ids:

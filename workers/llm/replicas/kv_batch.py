@@ -48,9 +48,11 @@ class SlabLayer(DynamicLayer):
         self._views()
 
     @classmethod
-    def empty(cls, rows: int, heads: int, head_dim: int, capacity: int) -> SlabLayer:
+    def empty(
+        cls, rows: int, heads: int, head_dim: int, capacity: int, dtype: torch.dtype
+    ) -> SlabLayer:
         shape = (rows, heads, capacity, head_dim)
-        return cls(torch.zeros(shape), torch.zeros(shape), 0)
+        return cls(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), 0)
 
     def _views(self) -> None:
         self.keys = self.kbuf[:, :, : self.length]
@@ -89,13 +91,19 @@ class StepCache(DynamicCache):
 
 
 def single_cache(
-    prefix: KV | None, n_layers: int, heads: int, head_dim: int, new: int
+    prefix: KV | None,
+    n_layers: int,
+    heads: int,
+    head_dim: int,
+    new: int,
+    dtype: torch.dtype = torch.float32,
 ) -> StepCache:
-    """A one-row cache holding `prefix` (or nothing), with room for `new` more tokens."""
+    """A one-row cache holding `prefix` (or nothing), with room for `new` more tokens, in the
+    model's `dtype`."""
     layers: list[SlabLayer] = []
     for i in range(n_layers):
         have = 0 if prefix is None else prefix[i][0].shape[2]
-        layer = SlabLayer.empty(1, heads, head_dim, have + new)
+        layer = SlabLayer.empty(1, heads, head_dim, have + new, dtype)
         if prefix is not None:
             layer.update(prefix[i][0], prefix[i][1])
         layers.append(layer)
@@ -127,7 +135,8 @@ class BatchKV:
         for li in range(self.n_layers):
             bufs = []
             for which in (0, 1):
-                buf = torch.zeros(rows, self.heads, length + _HEADROOM, self.head_dim)
+                dtype = kvs[0][li][which].dtype  # the model's (bf16 for a bf16 engine)
+                buf = torch.zeros(rows, self.heads, length + _HEADROOM, self.head_dim, dtype=dtype)
                 if old_rows:
                     old = self.layers[li].kbuf if which == 0 else self.layers[li].vbuf
                     buf[:old_rows, :, shift:length] = old[:, :, : self.length]

@@ -16,6 +16,12 @@ rendezvous (`transfer`): the controller keeps one want standing at the trainer's
 (`{version, transfer}`); the replica receives over the trainer's group, loads, and answers.
 A replica that waits for its first weights (`awaiting_weights` in its 503 `/health`) first
 tries the announced checkpoint when one is named and it can read it, else waits for a grant.
+The want says what the replica's `/health` says: the dtype it serves (its weights travel in
+it) and the groups it can receive over (`transfer_backends`; the trainer grants NCCL only to
+a replica that names it). The checkpoint way is also taken, at the next version that names a
+checkpoint this host can read, by a replica whose last grant failed (the trainer, which did
+not see it join, writes a checkpoint at its next version and grants it nothing until then) and
+by one that takes no broadcast at all (`transfer_backends` empty: SGLang), which never wants.
 
 Invariants:
 - Only a policy replica is synced: a replica whose `/health` says another role (a judge,
@@ -70,6 +76,9 @@ class ReplicaSync:
         self.served: int | None = None
         self.awaiting = False  # started for broadcast weights, holds none of the trainer's yet
         self.receivers = 1  # processes that receive a broadcast (a vLLM replica's workers)
+        self.dtype: str | None = None  # the dtype it serves (None: it does not say)
+        self.backends: tuple[str, ...] = ("gloo",)  # the groups it can receive over
+        self.fallback = False  # its last grant failed: the next checkpoint it can read first
         self.rejected: set[int] = set()
         self.applied: list[int] = []
 
@@ -105,6 +114,10 @@ class ReplicaSync:
         self.served = int(body.get("version", 0))
         self.awaiting = bool(body.get("awaiting_weights", False))
         self.receivers = max(1, int(body.get("receivers", self.receivers)))
+        self.dtype = _DTYPES.get(str(body.get("dtype")))
+        backends = body.get("transfer_backends", ["gloo"])
+        if isinstance(backends, list):
+            self.backends = tuple(b for b in backends if b in ("gloo", "nccl"))
         return self.served
 
     def _unreachable(self, exc: BaseException) -> None:
@@ -273,13 +286,18 @@ def _broadcast_step(sync: ReplicaSync, grants: GrantClient, tried: set[int], wai
     if sync.served is None:  # the replica does not answer: nothing to want for yet
         time.sleep(min(wait_s, 1.0))
         return True
-    if sync.awaiting and new.path and new.version not in tried:
+    checkpoint_way = sync.awaiting or ((sync.fallback or not sync.backends) and sync.due())
+    if checkpoint_way and new.path and new.version not in tried:
         tried.add(new.version)  # a checkpoint this host can read serves at once
         if os.access(new.path, os.R_OK | os.X_OK) and sync.apply():
+            sync.fallback = False
             return True
+    if not sync.backends:  # it takes no broadcast: checkpoints only
+        time.sleep(min(wait_s, 1.0))
+        return True
     try:
         grants.connect(new.transfer)
-        grants.want(-1 if sync.awaiting else sync.served, sync.receivers)
+        grants.want(-1 if sync.awaiting else sync.served, sync.receivers, sync.dtype, sync.backends)
         grant = grants.wait(wait_s)
     except (RuntimeError, OSError) as exc:  # torch's store errors: the trainer is gone
         why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -287,8 +305,18 @@ def _broadcast_step(sync: ReplicaSync, grants: GrantClient, tried: set[int], wai
         grants.close()
         return False
     if grant is not None:
-        sync.post_grant(grant)
+        sync.fallback = not sync.post_grant(grant)
     return True
+
+
+#: dtype names of vLLM's `--dtype` (and torch's) → the names a want carries.
+_DTYPES = {
+    "float32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+}
 
 
 def _json_body(exc: urllib.error.HTTPError) -> dict[str, Any]:

@@ -92,6 +92,7 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         num_experts=num_experts,
         await_weights=config.await_weights,
         receivers=config.world_size,
+        dtype=None if config.dtype == "auto" else config.dtype,  # "auto": vLLM's choice
         image_token_id=image_token_id(config.model),
     )
     return await run_behind_adapter(

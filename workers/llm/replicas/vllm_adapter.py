@@ -37,7 +37,7 @@ from workers.llm.replicas.vllm_mapping import (
     to_vllm_completion,
     to_vllm_generate,
 )
-from workers.llm.replicas.vllm_upstream import VLLMUpstream
+from workers.llm.replicas.vllm_upstream import VLLMUpstream, VLLMUpstreamError
 
 __all__ = ["VLLMAdapter"]
 
@@ -52,6 +52,7 @@ class VLLMAdapter(GatedAdapter):
 
     backend = "vllm"
     takes_images = True  # through GENERATE_PATH (vllm_mapping.to_vllm_generate)
+    transfer_backends = ("gloo", "nccl")  # its workers receive (vllm_worker.WeightSync)
     upstream: VLLMUpstream
 
     def __init__(
@@ -66,6 +67,7 @@ class VLLMAdapter(GatedAdapter):
         await_weights: bool = False,
         receivers: int = 1,
         image_token_id: int | None = None,
+        dtype: str | None = None,
     ) -> None:
         super().__init__(
             VLLMUpstream(upstream_url),
@@ -75,6 +77,7 @@ class VLLMAdapter(GatedAdapter):
             drain_timeout_s=drain_timeout_s,
             await_weights=await_weights,
             receivers=receivers,
+            dtype=dtype,
         )
         self.num_experts = num_experts  # experts per MoE layer when vLLM returns routing
         # The model's image placeholder: vLLM expands it itself, so each expanded run goes
@@ -152,6 +155,10 @@ class VLLMAdapter(GatedAdapter):
             reports = await self.upstream.reload_weights(path)
         else:
             reports = await self.upstream.receive_weights(grant)
+            if partial := [str(r["error"]) for r in reports if r.get("partial")]:
+                # Loading had begun: the model is neither version; it serves nothing until
+                # the next load (GatedAdapter.weights_error).
+                raise VLLMUpstreamError(f"transfer failed part-way: {partial[0]}")
             if failed := [str(r["error"]) for r in reports if r.get("error")]:
                 raise WeightTransferError(f"transfer failed: {failed[0]}")
         # KV computed by the old weights must never be reused by the new ones.

@@ -50,6 +50,7 @@ from workers.llm.replicas.served_config import (
     has_tokenizer,
     resolve_python,
 )
+from workers.transfer.protocol import NCCL_SHARED_ENV
 
 __all__ = [
     "MANAGED_FLAGS",
@@ -211,10 +212,13 @@ def build_vllm_env(
 ) -> dict[str, str]:
     """The child's environment: the parent's plus dev mode (pause/resume/collective_rpc), this
     checkout first on PYTHONPATH (for the worker extension), a CPU KV cache that fits the
-    host unless one is set (a GPU build ignores the variable), and model runner V2 when
-    `routed_experts` (the only runner that returns them)."""
+    host unless one is set (a GPU build ignores the variable), model runner V2 when
+    `routed_experts` (the only runner that returns them), and the NCCL settings a trainer's
+    NCCL weight transfer must share with vLLM's workers (`NCCL_SHARED_ENV`: NCCL reads them
+    once per process, so they are set before vLLM starts, whatever vLLM's version sets)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.update(NCCL_SHARED_ENV)
     if routed_experts:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib()))

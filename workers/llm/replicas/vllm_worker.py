@@ -22,17 +22,31 @@ unquantized embedding-style layer whose weight is shared with another module (th
 head): on CPUs that repacks the new weight, on GPUs the method does nothing.
 
 Broadcast weights (`trainer.weight_transfer: broadcast`): `rollout_receive_weights(grant)`
-receives the trainer's transfer over the group its grant names (`workers.transfer.receive`,
-gloo; torch and the standard library only, as this module) and loads it through the same
-`reload_weights`, from an iterator of the received tensors instead of a path. The names are
-the trainer's state-dict names, which for the project's dense models are the checkpoint's;
-a Mixture-of-Experts model, whose transformers layout stacks the experts, is not converted.
+receives the trainer's transfer over the group its grant names (gloo, or NCCL into the
+worker's GPU; `workers.transfer.receive.receive_buckets`, torch and the standard library only,
+as this module) and loads it bucket by bucket into the live weights: the received tensors are
+the weights iterator of vLLM's own reload, so the next bucket is received only when the reload
+asks for it and a bucket is dropped once loaded. The extra memory is the bucket being received
+and the one being loaded (plus what vLLM's layer-by-layer reload buffers for a layer whose
+tensors span two buckets), whatever the model's size: never a copy of the whole model on the
+GPU, outside vLLM's memory budget. The tensors arrive in the dtype the replica serves (its
+want says it). The names are the trainer's state-dict names, which for the project's dense
+models are the checkpoint's; a Mixture-of-Experts model, whose transformers layout stacks the
+experts, is not converted.
+
+Both loads go through the worker's own `reload_weights` (vLLM's `Worker.reload_weights`),
+never `model_runner.reload_weights` directly: the worker's method sets the current vLLM config
+(the fused-MoE path asserts without it) and, in vLLM 0.34, lends the KV cache's memory to the
+layer-by-layer update; called outside it, an update can run out of memory part-way.
 
 Contract: `rollout_load_weights` returns `{"reprocessed": [module names], "parameters": n}`,
-`rollout_receive_weights` the same plus `received` (tensors) and `rank`, or `error` when the
-transfer did not arrive (nothing loaded); any other exception propagates to `/collective_rpc`
-as an HTTP error. This module imports only torch, vllm and
-`workers.transfer`, and only inside the worker (never in the adapter or the trainer).
+`rollout_receive_weights` the same plus `received` (tensors), `buckets` and `rank`, or `error`
+when the transfer did not arrive: with `received: 0` when nothing was loaded (the served
+weights are whole), with `partial: true` when it failed after loading began (the layers not
+reached keep their old tensors: the model is neither version, and the adapter serves nothing
+until the next load). Any other exception propagates to `/collective_rpc` as an HTTP error.
+This module imports only torch, vllm and `workers.transfer`, and only inside the worker (never
+in the adapter or the trainer).
 """
 
 from __future__ import annotations
@@ -57,21 +71,22 @@ def shared_weight_layers(model: Any) -> list[tuple[str, Any]]:
 
 
 class WeightSync:
-    """Mixed into vLLM's `Worker` (which provides `model_runner`); called via collective_rpc."""
+    """Mixed into vLLM's `Worker` (which provides `model_runner`, `model_config` and
+    `reload_weights`); called via collective_rpc."""
 
     model_runner: Any
+    model_config: Any
 
     def rollout_load_weights(self, weights_path: str) -> dict[str, Any]:
         """Load the checkpoint at `weights_path` in place, tied layers included."""
         return self._rollout_reload(weights_path=weights_path)
 
     def rollout_receive_weights(self, grant: dict[str, Any]) -> dict[str, Any]:
-        """Receive the trainer's granted transfer (`workers.transfer.receive`) over its group
-        and load it in place like a checkpoint; each worker takes its own rank of the group
-        (its index across data-parallel engines, as vLLM's NCCL weight transfer numbers them).
-        Everything is received before anything is loaded: a transfer that fails half-way
-        leaves the served weights whole."""
-        from workers.transfer.receive import receive
+        """Receive the trainer's granted transfer over its group and load it bucket by bucket
+        (module docstring); each worker takes its own rank of the group (its index across
+        data-parallel engines, as vLLM's NCCL weight transfer numbers them). Nothing is loaded
+        before the first bucket has arrived."""
+        from workers.transfer.receive import receive_buckets
 
         parallel = getattr(self, "parallel_config", None)
         index = 0
@@ -79,24 +94,64 @@ class WeightSync:
             dp = int(getattr(parallel, "data_parallel_index", 0) or 0)
             index = dp * int(parallel.world_size) + int(parallel.rank)
         device = getattr(self, "device", "cpu") if grant.get("backend") == "nccl" else "cpu"
-        # Received into buffers kept for the next transfer (CPU ones only: a GPU's memory
-        # is vLLM's KV cache).
-        pool = None if device != "cpu" else self.__dict__.setdefault("_rollout_buffers", [])
+        rank = int(grant["rank"]) + index
+        stream = receive_buckets(grant, rank_offset=index, device=device)
         try:
-            state = receive(grant, rank_offset=index, device=device, pool=pool)
+            first = next(stream, None)  # joins, forms the group, takes bucket 0
         except (ValueError, RuntimeError) as exc:  # nothing loaded: the adapter says why
-            return {"error": f"{type(exc).__name__}: {str(exc).strip()[-300:]}", "received": 0}
-        report = self._rollout_reload(weights_iterator=iter(state.items()))
-        return report | {"received": len(state), "rank": int(grant["rank"]) + index}
+            return {"error": _brief(exc), "received": 0, "rank": rank}
+        held = [first]
+        del first
+        counts = {"received": 0, "buckets": 0}
+
+        def weights() -> Any:
+            bucket = held.pop()
+            while bucket is not None:
+                counts["buckets"] += 1
+                for name, tensor in bucket.items():
+                    counts["received"] += 1
+                    yield name, tensor
+                # Dropped before the next is received: only vLLM's own references remain.
+                bucket = tensor = None
+                bucket = next(stream, None)
+
+        try:
+            report = self._rollout_reload(weights_iterator=weights())
+            # A reload that stopped early left buckets unread: the model misses them.
+            if left := sum(1 for _ in stream):
+                raise RuntimeError(f"the reload stopped with {left} buckets not read")
+        except (ValueError, RuntimeError) as exc:
+            self._rollout_restore()
+            return {"error": _brief(exc), "partial": True, "rank": rank, **counts}
+        finally:
+            stream.close()  # a transfer left half-way is aborted, never left to a destructor
+        return report | counts | {"rank": rank}
+
+    def _rollout_restore(self) -> None:
+        """After a reload that failed part-way: the layers it did not reach get their old
+        tensors back (vLLM's layerwise finalisation), instead of staying on the meta device."""
+        try:
+            from vllm.model_executor.model_loader.reload.layerwise import (
+                finalize_layerwise_reload,
+            )
+
+            finalize_layerwise_reload(self.model_runner.get_model(), self.model_config)
+        except (ImportError, AttributeError, RuntimeError):
+            pass  # another vLLM: the adapter serves nothing until the next load anyway
 
     def _rollout_reload(self, **source: Any) -> dict[str, Any]:
-        """vLLM's in-place `reload_weights` from `source`, then the tied-layer fix."""
+        """vLLM's in-place `reload_weights` from `source` (through the worker's method), then
+        the tied-layer fix."""
         import torch
         from vllm.model_executor.layers.vocab_parallel_embedding import (
             UnquantizedEmbeddingMethod,
         )
 
-        self.model_runner.reload_weights(**source)
+        reload = getattr(self, "reload_weights", None)  # vLLM's Worker method (docstring)
+        if callable(reload):
+            reload(**source)
+        else:
+            self.model_runner.reload_weights(**source)
         model = self.model_runner.get_model()
         reprocessed: list[str] = []
         with torch.no_grad():
@@ -111,3 +166,7 @@ class WeightSync:
             "reprocessed": reprocessed,
             "parameters": sum(1 for _ in model.parameters()),
         }
+
+
+def _brief(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip()[-300:]}"

@@ -80,12 +80,22 @@ class GrantClient:
         assert self._at is not None
         return self._at.address, self._at.session
 
-    def want(self, version: int, ranks: int) -> None:
-        """Keep a want standing for a replica serving `version` (-1: none of the trainer's)."""
-        if self._want is not None and (self._want.version, self._want.ranks) == (version, ranks):
+    def want(
+        self,
+        version: int,
+        ranks: int,
+        dtype: str | None = None,
+        backends: tuple[str, ...] = ("gloo",),
+    ) -> None:
+        """Keep a want standing for a replica serving `version` (-1: none of the trainer's)
+        in `dtype`, whose `ranks` processes receive over one of `backends`."""
+        fresh = (version, ranks, dtype, tuple(backends))
+        if self._want is not None and (
+            (self._want.version, self._want.ranks, self._want.dtype, self._want.backends) == fresh
+        ):
             return
         first = self._want is None
-        self._want = Want(self.replica, uuid.uuid4().hex, version, ranks)
+        self._want = Want(self.replica, uuid.uuid4().hex, version, ranks, dtype, tuple(backends))
         self._store.set(want_key(self.replica), self._want.dumps())
         if first:
             self._store.append(MEMBERS, self.replica + "\n")

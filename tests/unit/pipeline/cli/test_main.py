@@ -29,3 +29,27 @@ def test_every_flag_of_every_command_says_what_it_is_for() -> None:
             if action.option_strings and not action.help and action.dest != "help":
                 missing.append(f"{command.prog} {'/'.join(action.option_strings)}")
     assert not missing, "flags without help:\n" + "\n".join(missing)
+
+
+def test_every_command_group_lists_its_verbs_each_with_a_line() -> None:
+    """`rollout GROUP --help` lists every verb with one line of help (`topics` too, which took
+    its action as a positional argument)."""
+    import argparse
+
+    from pipeline.cli.main import build_parser
+
+    def groups(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                yield path, action
+                for name, child in action.choices.items():
+                    yield from groups(child, (*path, name))
+
+    found = dict(groups(build_parser(), ()))
+    assert ("topics",) in found and ("kafka",) in found
+    for path, action in found.items():
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for verb in action.choices:
+            assert helps.get(verb), f"`rollout {' '.join((*path, verb))}` has no help line"
+    args = build_parser().parse_args(["topics", "create"])
+    assert args.action == "create"

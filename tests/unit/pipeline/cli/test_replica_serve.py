@@ -40,10 +40,19 @@ def test_hf_flags_are_the_hf_serve_options_with_its_defaults() -> None:
         "served_model_name": "tiny",
         "role": "policy",
         "await_weights": False,  # trainer.weight_transfer=broadcast makes it True
+        "dtype": "float32",  # --dtype bfloat16: it serves (and receives broadcasts) in bf16
     }
     serve = inspect.signature(hf.serve).parameters
     defaults = _options("--backend", "hf")
     assert {name: serve[name].default for name in defaults} == defaults
+
+
+def test_the_hf_replica_serves_float32_or_bfloat16_and_says_so_in_one_line() -> None:
+    from pipeline.config import ConfigError
+
+    assert _options("--dtype", "bfloat16")["dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match="the hf replica serves float32 or bfloat16"):
+        _options("--dtype", "float16")
 
 
 def test_vllm_flags_are_replica_config_fields() -> None:

@@ -58,11 +58,11 @@ def test_row_errors_carry_row_numbers(tmp_path) -> None:
         except RowError as exc:
             outcomes.append((number, str(exc)))
     assert outcomes[0] == (0, "mixed-0")
-    assert outcomes[1][1].startswith("row 1: not valid JSON")
-    assert outcomes[2][1].startswith("row 2: prompt")
-    assert outcomes[3][1].startswith("row 3: data_source")
-    assert outcomes[4][1].startswith("row 4: expected an object")
-    assert outcomes[5][1].startswith("row 5: n")
+    assert outcomes[1][1].startswith("row 2: not valid JSON")
+    assert outcomes[2][1].startswith("row 3: prompt")
+    assert outcomes[3][1].startswith("row 4: data_source")
+    assert outcomes[4][1].startswith("row 5: expected an object")
+    assert outcomes[5][1].startswith("row 6: n")
 
 
 def test_string_prompt_and_default_data_source() -> None:
@@ -128,5 +128,5 @@ def test_a_verl_images_row_is_stored_and_an_oversize_one_refused_in_one_line(tmp
     with pytest.raises(RowError) as refused:
         row_to_prompt(row, 3, uid_prefix="g", ingest=small)
     message = str(refused.value)
-    assert message.startswith("row 3: prompt.0 image 0: ") and "\n" not in message
+    assert message.startswith("row 4: prompt.0 image 0: ") and "\n" not in message
     assert "over media.max_image_bytes=10" in message

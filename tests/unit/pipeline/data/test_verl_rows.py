@@ -159,7 +159,7 @@ def test_a_row_with_images_becomes_image_parts_where_its_placeholders_are() -> N
 
 
 def test_a_row_whose_images_do_not_match_its_placeholders_is_refused_with_its_number() -> None:
-    with pytest.raises(RowError, match=r"row 4: images: 2 given, but the prompt has 1 <image>"):
+    with pytest.raises(RowError, match=r"row 5: images: 2 given, but the prompt has 1 <image>"):
         row_to_prompt({**GEO3K, "images": GEO3K["images"] * 2}, 4, uid_prefix="geo3k")
     with pytest.raises(RowError, match="videos"):
         row_to_prompt({**GSM8K, "videos": [{"video": "a.mp4"}]}, 0, uid_prefix="v")

@@ -29,7 +29,18 @@ def test_round_trips() -> None:
     want = Want("http://r:1", "n1", -1, 2)
     assert Want.loads(want.dumps()) == want
     grant = Grant.loads(_grant())
-    assert Grant.loads(grant.dumps()) == grant and grant.as_dict() == _grant()
+    assert Grant.loads(grant.dumps()) == grant and grant.as_dict() == _grant() | {"env": None}
+    want = Want("r", "n2", 3, 1, "bfloat16", ("gloo", "nccl"))
+    assert Want.loads(want.dumps()) == want
+    plain = '{"replica": "r", "nonce": "n", "version": 0, "ranks": 1}'
+    assert Want.loads(plain).backends == ("gloo",)
+
+
+@pytest.mark.parametrize("change", [{"dtype": "int8"}, {"backends": ["mpi"]}, {"backends": "nccl"}])
+def test_a_want_with_a_bad_dtype_or_backend_is_refused(change: dict) -> None:
+    data = {"replica": "r", "nonce": "n", "version": 0, "ranks": 1} | change
+    with pytest.raises(ValueError):
+        Want.loads(json.dumps(data))
 
 
 @pytest.mark.parametrize(

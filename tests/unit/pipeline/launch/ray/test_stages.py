@@ -63,14 +63,16 @@ def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:
     serve = parser.parse_args(plan[0][1])
     assert (serve.backend, serve.tp, serve.dp, serve.pp) == ("vllm", 2, 1, 1)
     up = parser.parse_args(["up", "--ray", "--replicas", "3", "--steps", "5", "--wait"])
-    assert (up.ray, up.replicas, up.steps, up.wait, up.run) == ("", 3, 5, True, "default")
+    assert (up.ray, up.replicas, up.steps, up.wait, up.run) == ("", 3, 5, True, None)
     assert parser.parse_args(["up", "--ray", "10.0.0.1:6379"]).ray == "10.0.0.1:6379"
     down = parser.parse_args(["down", "--ray", "10.0.0.1:6379", "--run", "exp1"])
     assert (down.ray, down.run) == ("10.0.0.1:6379", "exp1")
     local = parser.parse_args(["up", "--steps", "5"])  # without --ray: here, in the foreground
     assert (local.ray, local.steps, local.timeout) == (None, 5, None)
-    down = parser.parse_args(["down", "--local", "--run-dir", "runs/x"])
-    assert (down.local, down.run_dir) == (True, "runs/x")
+    down = parser.parse_args(["down", "--run-dir", "runs/x"])  # like up: here by default
+    assert (down.ray, down.run_dir) == (None, "runs/x")
+    assert parser.parse_args(["down", "--ray"]).ray == ""  # the local Ray instance
+    assert parser.parse_args(["down", "--local"]).ray is None  # the old spelling still works
 
 
 def test_the_launcher_modules_import_without_ray() -> None:

@@ -156,3 +156,20 @@ async def test_a_dense_model_refuses_routing(tmp_path: Path) -> None:
         assert (await engine.generate([1, 2, 3], params(2, 0))).routed_experts is None
     finally:
         engine.close()
+
+
+async def test_an_engine_serving_bf16_keeps_its_kv_in_bf16(moe_dir: Path) -> None:
+    """`HFEngineConfig(dtype="bfloat16")`: weights and KV slabs in bf16 (a float32 slab made
+    sdpa refuse the first forward), batched rows and a prefix-cache hit included; broadcast
+    weights then travel in bf16 (`/health` says it)."""
+    engine = HFEngine(moe_dir, HFEngineConfig(threads=1, max_batch=4, dtype="bfloat16"))
+    try:
+        assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+        prompt = [5, 9, 3, 7, 1]
+        runs = [engine.generate(prompt, params(6, i), f"b{i}", False) for i in range(2)]
+        first, second = await asyncio.gather(*runs)
+        again = await engine.generate(prompt, params(6, 0), "b2", False)  # cached prefix
+        assert len(first.token_ids) == len(second.token_ids) == 6
+        assert again.token_ids == first.token_ids  # the same seed, the same tokens
+    finally:
+        engine.close()

@@ -160,7 +160,10 @@ def test_launcher_serves_the_contract_and_stops_its_child(
                 status = 0
             if status != 200:
                 time.sleep(0.3)
-        assert (status, body) == (200, {"status": "ok", "version": 2, "load": 0, "capacity": 6})
+        assert (status, body) == (
+            200,
+            {"status": "ok", "version": 2, "load": 0, "capacity": 6, "transfer_backends": []},
+        )
         record = json.loads((tmp_path / "record.json").read_text())
         argv = record["argv"]
         assert argv[argv.index("--weight-version") + 1] == "2"

@@ -323,3 +323,54 @@ def test_the_controller_wants_posts_the_grant_and_wants_again(replica: FakeRepli
     finally:
         grants.close()
         hub.close()
+
+
+def test_the_want_says_the_dtype_and_groups_and_a_failed_grant_falls_back_to_the_checkpoint(
+    replica: FakeReplica, tmp_path: Any
+) -> None:
+    """A vLLM-like replica says bf16 and NCCL in /health: its want carries both. A grant it
+    fails (the adapter answers 500) makes the next version that names a readable checkpoint
+    load from disk, not wait for a grant; a replica that takes no broadcast (SGLang) never
+    wants and takes readable checkpoints as they come."""
+    from workers.llm.replicas.sync import _broadcast_step
+    from workers.llm.replicas.weight_receiver import GrantClient
+    from workers.transfer.hub import TransferHub
+
+    hub = TransferHub(host="127.0.0.1", port=0, session="s", timeout_s=1.0, bucket_bytes=1024)
+    replica.health = {"status": "ok", "version": 2, "load": 0, "dtype": "bfloat16"}
+    replica.health |= {"transfer_backends": ["gloo", "nccl"]}
+    announced = WeightTransfer(address=hub.address, session="s")
+    sync = ReplicaSync(replica.url, request_timeout_s=5)
+    sync.observe(PolicyVersion(version=3, path="", transfer=announced))
+    sync.refresh()
+    grants = GrantClient(sync.url)
+    try:
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        (want,) = hub.pending()
+        assert (want.dtype, want.backends, want.version) == ("bfloat16", ("gloo", "nccl"), 2)
+        replica.answers = [500]
+        grant = {"version": 3, "transfer": 1, "address": hub.address, "session": "s"}
+        grant |= {"group": "g", "manifest": "m", "rank": 1, "world": 2, "timeout_s": 1.0}
+        assert not sync.post_grant(grant)  # the replica failed it
+        sync.fallback = True  # as _broadcast_step sets it from post_grant's answer
+        checkpoint = tmp_path / "step-4"
+        checkpoint.mkdir()
+        sync.observe(PolicyVersion(version=4, path=str(checkpoint), transfer=announced))
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert replica.posted[-1] == {"path": str(checkpoint), "version": 4}
+        assert not sync.fallback and sync.served == 4
+
+        replica.health = {"status": "ok", "version": 4, "load": 0, "transfer_backends": []}
+        sync.refresh()
+        assert sync.backends == ()
+        checkpoint = tmp_path / "step-5"
+        checkpoint.mkdir()
+        sync.observe(PolicyVersion(version=5, path=str(checkpoint), transfer=announced))
+        wanted = [w.nonce for w in hub.pending()]
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert replica.posted[-1] == {"path": str(checkpoint), "version": 5}
+        assert _broadcast_step(sync, grants, set(), wait_s=0.1)  # nothing more to want
+        assert [w.nonce for w in hub.pending()] == wanted
+    finally:
+        grants.close()
+        hub.close()

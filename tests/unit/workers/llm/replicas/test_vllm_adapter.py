@@ -269,7 +269,13 @@ async def test_update_weights_aborts_old_version_then_serves_new(rig: Rig, tmp_p
     assert status == 200
     assert body["choices"][0]["finish_reason"] == "abort" and body["policy_version"] == 3
     health = await (await rig.client.get("/health")).json()
-    assert health == {"status": "ok", "version": 5, "load": 0, "capacity": 8}
+    assert health == {
+        "status": "ok",
+        "version": 5,
+        "load": 0,
+        "capacity": 8,
+        "transfer_backends": ["gloo", "nccl"],
+    }
     _, body = await rig.complete(max_tokens=2)
     assert body["policy_version"] == 5
     rpcs = [c[1] for c in rig.fake.calls if c[0] == "/collective_rpc"]
@@ -331,7 +337,8 @@ async def test_capacity_is_left_out_where_vllm_does_not_say(rig: Rig) -> None:
     rig.fake.has_server_info = False
     assert await rig.adapter.wait_until_ready(lambda: True, 5.0)
     resp = await rig.client.get("/health")
-    assert await resp.json() == {"status": "ok", "version": 3, "load": 0}
+    body = await resp.json()
+    assert body == {"status": "ok", "version": 3, "load": 0, "transfer_backends": ["gloo", "nccl"]}
     assert resp.headers[LOAD_HEADER] == "0" and CAPACITY_HEADER not in resp.headers
     assert "rollout_replica_capacity" not in await (await rig.client.get("/metrics")).text()
 

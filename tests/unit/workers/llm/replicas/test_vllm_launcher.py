@@ -128,7 +128,17 @@ def test_launcher_serves_the_contract_and_stops_its_child(
             time.sleep(0.3)
         # no capacity: this fake vLLM has no /server_info to read max_num_seqs from; two
         # receivers of broadcast weights: its tp=2 workers
-        assert (status, body) == (200, {"status": "ok", "version": 0, "load": 0, "receivers": 2})
+        assert (status, body) == (
+            200,
+            {
+                "status": "ok",
+                "version": 0,
+                "load": 0,
+                "receivers": 2,
+                "transfer_backends": ["gloo", "nccl"],  # its workers receive
+                "dtype": "float32",  # the dtype it serves: broadcast weights travel in it
+            },
+        )
         record = json.loads((tmp_path / "record.json").read_text())
         argv = record["argv"]
         assert argv[:2] == ["serve", str(tmp_path / "model")]

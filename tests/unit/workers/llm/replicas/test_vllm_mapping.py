@@ -395,6 +395,7 @@ def test_dev_mode_and_the_checkout_on_the_path() -> None:
         "VLLM_SERVER_DEV_MODE": "1",
         "PYTHONPATH": root,
         "VLLM_CPU_KVCACHE_SPACE": kv,
+        "NCCL_CUMEM_ENABLE": "0",  # what a trainer's NCCL weight transfer shares with vLLM
     }
     env = build_vllm_env({"PYTHONPATH": f"/x:{root}", "VLLM_CPU_KVCACHE_SPACE": "3"})
     assert env["PYTHONPATH"] == f"{root}:/x" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.demo.report import COLUMNS, step_rows, write_report
+from pipeline.observe.report import COLUMNS, step_rows, write_report
 
 
 def _steps(n: int) -> list[dict]:

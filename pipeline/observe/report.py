@@ -1,4 +1,5 @@
-"""The demo's report: the trainer's step log turned into a plot, tables and a summary.
+"""A run's report (`rollout up`, the demo): the trainer's step log turned into a plot, tables
+and a summary.
 
 `write_report(out_dir, steps, wall_s=..., info=...)` takes the trainer's `step` records
 (`workers.trainer.steplog`: one per optimiser step, with `reward_mean`, `staleness_hist`,
@@ -189,6 +190,7 @@ def write_report(
     wall_s: float,
     info: dict[str, Any] | None = None,
     started_at: float | None = None,
+    title: str = "rollout demo",
 ) -> dict[str, Any]:
     """Write the report files of the module docstring into `out_dir`; return the summary."""
     out = Path(out_dir)
@@ -204,5 +206,5 @@ def write_report(
         json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
     )
     (out / "summary.txt").write_text(_text(summary))
-    _plot(rows, out / "report.png", f"rollout demo: {len(rows)} steps in {wall_s:.0f}s")
+    _plot(rows, out / "report.png", f"{title}: {len(rows)} steps in {wall_s:.0f}s")
     return summary

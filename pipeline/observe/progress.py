@@ -1,4 +1,5 @@
-"""The demo's live view: one line per stage, read from Kafka, the replicas and the step log.
+"""The live view of a local run (`rollout up`, the demo): one line per stage, read from Kafka,
+the replicas and the step log.
 
 `Progress(kafka, stages, replica_urls, metrics_path)` polls, without touching any stage:
 
