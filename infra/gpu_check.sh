@@ -75,6 +75,9 @@
 #   SLEEP_CHECK      0 skips the sleep-mode check (default 1; vllm)
 #   VL_CHECK         0 skips the vision-language check (default 1; vllm): the `vl` preset
 #                    (tiny LLaVA) through vLLM's offline engine, tests/gpu/test_vl_vllm.py
+#   BENCH_CHECK      0 skips step 1e (default 1): `rollout bench train-step --geometry
+#                    qwen2-0.5b --batch rl` (the trainer's tokens/s against bare padded and
+#                    packed passes, MFU; bench-train-step.json)
 # Exit status: 0 when the trainer check and every contract test passed.
 set -uo pipefail
 
@@ -95,6 +98,7 @@ SLEEP_RESULT="not run"
 VL_RESULT="not run"
 SHARDED_RESULT="not run"
 BROADCAST_RESULT="not run"
+BENCH_RESULT="not run"
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 PY=${PYTHON:-python3}
 
@@ -159,6 +163,7 @@ cleanup() {
   echo "trainer:   $TRAINER_RESULT"
   echo "sharded:   $SHARDED_RESULT"
   echo "broadcast: $BROADCAST_RESULT"
+  echo "bench:     $BENCH_RESULT"
   echo "routing:   $ROUTING_RESULT"
   echo "transfer:  $TRANSFER_RESULT"
   echo "sleep:     $SLEEP_RESULT"
@@ -217,6 +222,19 @@ fi
 # ------------------------------------------------------------------ 1d. broadcast to a second process
 if [[ "${BROADCAST_CHECK:-1}" != 0 ]]; then
   check BROADCAST_RESULT broadcast 600 "tests/gpu/test_weight_transfer.py -k second_process"
+fi
+# ------------------------------------------------------------------ 1e. the trainer's pace
+if [[ "${BENCH_CHECK:-1}" != 0 ]]; then
+  log "rollout bench train-step --geometry qwen2-0.5b --batch rl (log: $WORK/bench-train-step.log)"
+  if timeout 900 "$PY" -m pipeline.cli.main bench train-step --device cuda --geometry qwen2-0.5b \
+      --batch rl --rounds 3 --json >"$WORK/bench-train-step.json" 2>"$WORK/bench-train-step.log"; then
+    BENCH_RESULT="passed: $(tail -n 1 "$WORK/bench-train-step.json")"
+  else
+    tail -n 20 "$WORK/bench-train-step.log"
+    BENCH_RESULT="failed: see the end of $WORK/bench-train-step.log above"
+  fi
+  log "bench: $BENCH_RESULT"
+  save_logs "$WORK/bench-train-step.json" "$WORK/bench-train-step.log"
 fi
 if [[ "$BACKEND" == vllm ]] && ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
   die "$PY lacks: vllm (it has to be in the image; see the header of $0)"
@@ -370,6 +388,7 @@ fi
 if [[ "${TRAINER_CHECK:-1}" != 0 && "$TRAINER_RESULT" != passed* ]]; then
   exit 1
 fi
-for result in "$SHARDED_RESULT" "$BROADCAST_RESULT" "$ROUTING_RESULT" "$TRANSFER_RESULT" "$SLEEP_RESULT" "$VL_RESULT"; do
+for result in "$SHARDED_RESULT" "$BROADCAST_RESULT" "$ROUTING_RESULT" "$TRANSFER_RESULT" "$SLEEP_RESULT" "$VL_RESULT" \
+    "$BENCH_RESULT"; do
   [[ "$result" != failed* ]] || exit 1
 done

@@ -2,7 +2,8 @@
 
 The advantages a `TrainingGroup` carries on `rl.replay` (computed by the replay stage) and
 those `TrajectoryConsumer` computes for batches read from `rl.scored` come from this module,
-so the two topics agree to the last bit for the same group.
+so the two topics agree to the last bit for the same group (the consumer given the run's
+replay settings, `batches(..., advantages=cfg.replay)`).
 
 For the scores r_1 … r_n of one prompt (uid), verl's `compute_grpo_outcome_advantage`:
 

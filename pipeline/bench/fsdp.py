@@ -59,7 +59,13 @@ def _rank_main(model_dir: str, out: str) -> None:
         dist.barrier()
         started = time.perf_counter()
         metrics = sharded_train_step(
-            policy.model, policy.optimizer, batch, config, rank=ranks.rank, world=ranks.world
+            policy.model,
+            policy.optimizer,
+            batch,
+            config,
+            rank=ranks.rank,
+            world=ranks.world,
+            group=ranks.control,
         )
         result[f"step_s_{step}"] = time.perf_counter() - started
         result[f"loss_{step}"] = metrics["loss"]

@@ -193,7 +193,9 @@ def _trainer_figures(b_dir: Path, spans: list[Spanned]) -> dict[str, Any]:
     from schemas.events import ExtraFields, ScoredTrajectory
     from workers.trainer.batching import collate
     from workers.trainer.config import TrainerConfig
-    from workers.trainer.step import response_log_probs, response_positions, routing
+    from workers.trainer.logprobs import forward_log_probs
+    from workers.trainer.packing import layout
+    from workers.trainer.step import response_positions, routing
 
     model = AutoModelForCausalLM.from_pretrained(str(b_dir), dtype=torch.float32).eval()
     samples = [
@@ -225,9 +227,10 @@ def _trainer_figures(b_dir: Path, spans: list[Spanned]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, name in (("off", "no_replay"), ("r3", "replay")):
         config = TrainerConfig(router_replay=mode)
-        with torch.no_grad(), routing(model, batch, config) as routed:
-            logp, _ = response_log_probs(model, batch)
-        counts = routed.counts(response_positions(batch))
+        view = layout(batch)  # packed, as the trainer forwards; the routing packed alike
+        with torch.no_grad(), routing(model, batch, config, view) as routed:
+            logp, _ = forward_log_probs(model, batch, view)
+        counts = routed.counts(view.take(response_positions(batch)))
         out[f"router_mismatch_rate_{name}"] = round(
             counts["router_mismatch_sum"] / counts["router_rows"], 4
         )

@@ -48,6 +48,7 @@ def main() -> None:
             config,
             rank=ranks.rank,
             world=ranks.world,
+            group=ranks.control,  # as the trainer calls it: the step's CPU collectives there
             ref_model=policy.ref_model,
         )
         steps.append({k: float(metrics[k]) for k in ("loss", "grad_norm", "skipped_nonfinite")})

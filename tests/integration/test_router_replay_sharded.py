@@ -52,6 +52,7 @@ def _rank_main(tmp: Path) -> None:
 
     from tests.unit.workers.trainer.moe_helpers import LAYERS
     from workers.trainer.checkpoint import TrainerState
+    from workers.trainer.packing import layout
     from workers.trainer.router_replay import batch_routing
     from workers.trainer.sharded import build_policy, init_ranks
     from workers.trainer.sharded_step import shard_bounds, sharded_train_step
@@ -65,14 +66,22 @@ def _rank_main(tmp: Path) -> None:
     for layer in policy.model.model.layers:
         layer.mlp.experts.register_forward_pre_hook(lambda m, args: used.append(args[1]))
     metrics = sharded_train_step(
-        policy.model, policy.optimizer, batch, config, rank=ranks.rank, world=ranks.world
+        policy.model,
+        policy.optimizer,
+        batch,
+        config,
+        rank=ranks.rank,
+        world=ranks.world,
+        group=ranks.control,
     )
     lo, hi = shard_bounds(len(batch), ranks.rank, ranks.world)
     recorded = batch_routing(batch).long()
     checked = 0
     assert len(used) == (hi - lo) * LAYERS  # one micro-batch (one sample) per forward
     for k, experts in enumerate(used):
-        want = recorded[lo + k // LAYERS, :, k % LAYERS]
+        i = lo + k // LAYERS  # packed forwards: the routing packed like the tokens
+        want = layout(batch.select(i, i + 1)).take(recorded[i : i + 1])[0, :, k % LAYERS]
+        assert want.shape == experts.shape
         rows = (want >= 0).all(dim=-1)
         assert torch.equal(experts[rows], want[rows]), f"rank {ranks.rank} forward {k}"
         checked += int(rows.sum())

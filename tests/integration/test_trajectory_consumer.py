@@ -145,3 +145,29 @@ def test_grpo_batches_over_scored_hand_out_only_whole_groups(
         # c/0 (offset 4) is held: the position stops before it, so nothing is skipped
         assert src.positions()[f"{topic}:0"] == 4
         assert src.partial_groups == 1
+
+
+@pytest.mark.parametrize("group_size", [None, 3])
+def test_grpo_advantages_over_scored_follow_the_runs_replay_settings(
+    kafka_config: KafkaConfig, topics_config: TopicsConfig, group_size: int | None
+) -> None:
+    """A run with `replay.norm_adv_by_std: false` (Dr. GRPO): the advantages a consumer of
+    `rl.scored` computes with the run's replay settings are the replay stage's (the centred
+    scores, not divided by the std), for groups told by `group_size` or not."""
+    from schemas.advantages import group_advantages
+    from workers.replay.config import ReplayConfig
+
+    replay = ReplayConfig(norm_adv_by_std=False, adv_eps=1e-3)
+    scores = [1.0, 0.0, 0.0]
+    items = [
+        _traj("d", i, s).model_copy(update={"group_size": group_size}) for i, s in enumerate(scores)
+    ]
+    produce(kafka_config, topics_config.name("scored"), items)
+    with TrajectoryConsumer(
+        kafka_config, topics_config, topic="scored", group_id=None, assign=True
+    ) as src:
+        (batch,) = list(src.batches(3, max_wait_s=3.0, advantages=replay))
+    got = {t: batch["advantages"][k, 0].item() for k, t in enumerate(batch.trajectory_ids)}
+    want = group_advantages(scores, norm_by_std=False, eps=replay.adv_eps)
+    assert [got[f"d/{i}"] for i in range(3)] == pytest.approx(want, abs=1e-6)
+    assert want[0] == pytest.approx(2 / 3)  # not 1.1547, the std-normalised one

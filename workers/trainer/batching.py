@@ -113,6 +113,25 @@ class TrajectoryBatch:
             None if self.pixels is None else self.pixels[lo:hi],
         )
 
+    def take(self, indices: Sequence[int]) -> TrajectoryBatch:
+        """The samples at `indices` (in that order), with the whole batch's padding."""
+        import torch
+
+        rows = list(indices)
+        at = torch.tensor(rows, dtype=torch.long, device=self["input_ids"].device)
+        return TrajectoryBatch(
+            {k: v.index_select(0, at.to(v.device)) for k, v in self.tensors.items()},
+            [self.trajectory_ids[i] for i in rows],
+            [self.uids[i] for i in rows],
+            [self.min_global_steps[i] for i in rows],
+            [self.max_global_steps[i] for i in rows],
+            self.prompt_length,
+            dict(self.extra),
+            None if self.routed_experts is None else [self.routed_experts[i] for i in rows],
+            None if self.images is None else [self.images[i] for i in rows],
+            None if self.pixels is None else [self.pixels[i] for i in rows],
+        )
+
     def split(self, size: int) -> list[TrajectoryBatch]:
         """Consecutive slices of at most `size` samples (same padding as the whole batch)."""
         return [self.select(lo, lo + size) for lo in range(0, len(self), size)]

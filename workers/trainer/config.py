@@ -134,7 +134,33 @@ class TrainerConfig(BaseModel):
         description="Groups per step; the agent-loop's admission gate counts in these batches.",
     )
     micro_batch_size: int = Field(
-        default=8, ge=1, le=65536, description="Samples per forward/backward (grad accumulation)."
+        default=8,
+        ge=1,
+        le=65536,
+        description="Samples per forward/backward (grad accumulation); unused when "
+        "`max_tokens_per_micro_batch` is set.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="Token budget of a micro-batch (prompt + response tokens, as verl's "
+        "ppo_max_token_len_per_gpu): samples placed first-fit-decreasing, so micro-batches "
+        "are full; a longer sample trains alone. None: `micro_batch_size` samples each.",
+    )
+    packed: bool = Field(
+        default=True,
+        description="Forwards on the micro-batch's sequences concatenated without padding "
+        "(attention kept inside each sequence, `workers.trainer.attention`); false: the "
+        "padded layout of the wire, the reference the packed one is tested against.",
+    )
+    logprob_chunk_tokens: int | None = Field(
+        default=1024,
+        ge=1,
+        le=1_048_576,
+        description="Logprobs and entropy from the last hidden state in chunks of this many "
+        "tokens (recomputed in the backward), never the [tokens, vocabulary] fp32 logits; "
+        "None: all at once (the reference).",
     )
     lr: float = Field(default=1e-4, gt=0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1.0, description="AdamW weight decay.")

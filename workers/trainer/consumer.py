@@ -6,7 +6,10 @@
             src.commit()                       # explicit: only what was handed out
 
 `topic="replay"` yields `TrainingGroup`s (with the replay stage's advantages), `topic="scored"`
-yields `ScoredTrajectory`s (advantages 0 unless `advantages="grpo"`). A record that does not
+yields `ScoredTrajectory`s (advantages 0 unless `advantages="grpo"`, GRPO's with the replay
+stage's defaults, or `advantages=cfg.replay`, the run's replay settings: then they equal what
+the replay stage puts on `rl.replay` for the same group, Dr. GRPO's `norm_adv_by_std: false`
+included). A record that does not
 decode into that kind goes to the dead-letter topic (acknowledged before anything after it is
 handed out) and is skipped; it never stops the consumer.
 
@@ -47,10 +50,11 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.dlq import KafkaDeadLetters
 from workers.kafka.exceptions import KafkaUnavailableError
 from workers.metrics import StageMetrics
-from workers.trainer.batching import TrajectoryBatch, collate, collate_groups, grpo_advantages
+from workers.trainer.batching import TrajectoryBatch, collate, collate_groups
 from workers.trainer.exceptions import ConsumerClosedError
+from workers.trainer.whole_groups import REPLAY_DEFAULTS, AdvantageSettings
 
-__all__ = ["ConsumerClosedError", "Item", "TrajectoryConsumer", "position_key"]
+__all__ = ["AdvantageSettings", "ConsumerClosedError", "Item", "TrajectoryConsumer", "position_key"]
 
 log = logging.getLogger("rollout.trainer.consumer")
 
@@ -196,25 +200,37 @@ class TrajectoryConsumer:
         *,
         max_wait_s: float | None = None,
         pad_token_id: int = 0,
-        advantages: Literal["zero", "grpo"] = "zero",
+        advantages: Literal["zero", "grpo"] | AdvantageSettings = "zero",
         group_timeout_s: float | None = 600.0,
     ) -> Iterator[TrajectoryBatch]:
         """Padded batches of `size` events (groups for replay, trajectories for scored).
 
         With `max_wait_s`, ends (after yielding what it holds as a last, smaller batch) once
         no event arrived for that long; without, it blocks for ever. `advantages` applies to
-        scored trajectories only: 'zero', or 'grpo' — then a batch holds at least `size`
-        *whole groups* (`whole_groups.grpo_batches`: a GRPO advantage over part of a group is
-        wrong), a group incomplete after `group_timeout_s` is handed out as it is, and one
-        still incomplete when the stream ends is not handed out at all; both are counted in
-        `partial_groups` and said in a warning.
+        scored trajectories only: 'zero', or GRPO's — 'grpo' (the replay stage's default
+        settings) or the run's replay settings (`advantages=cfg.replay`: `norm_adv_by_std`,
+        `adv_eps`, so they equal `rl.replay`'s for the same group) — then a batch holds at
+        least `size` *whole groups* (`whole_groups.grpo_batches`: a GRPO advantage over part
+        of a group is wrong), a group incomplete after `group_timeout_s` is handed out as it
+        is, and one still incomplete when the stream ends is not handed out at all; both are
+        counted in `partial_groups` and said in a warning.
         """
         if size < 1:
             raise ValueError("size must be >= 1")
-        if advantages == "grpo" and self.kind is ScoredTrajectory:
+        if advantages != "zero" and self.kind is ScoredTrajectory:
             from workers.trainer.whole_groups import grpo_batches
 
-            yield from grpo_batches(self, size, max_wait_s, group_timeout_s, pad_token_id)
+            settings = REPLAY_DEFAULTS if advantages == "grpo" else advantages
+            assert not isinstance(settings, str)
+            yield from grpo_batches(
+                self,
+                size,
+                max_wait_s,
+                group_timeout_s,
+                pad_token_id,
+                norm_by_std=settings.norm_adv_by_std,
+                eps=settings.adv_eps,
+            )
             return
         events: list[Any] = []
         while True:
@@ -224,18 +240,17 @@ class TrajectoryConsumer:
             if event is not None:
                 events.append(event)
             if events and (len(events) == size or event is None):
-                yield self._collate(events, pad_token_id, advantages)
+                yield self._collate(events, pad_token_id)
                 events = []
             if event is None:
                 return
 
-    def _collate(self, events: list[Any], pad: int, advantages: str) -> TrajectoryBatch:
+    def _collate(self, events: list[Any], pad: int) -> TrajectoryBatch:
+        """Groups with their advantages, or scored trajectories with advantages 0 (GRPO's
+        are `grpo_batches`', over whole groups)."""
         if self.kind is TrainingGroup:
             return collate_groups(events, pad_token_id=pad)
-        adv = None
-        if advantages == "grpo":
-            adv = grpo_advantages([e.reward_score for e in events], [e.uid for e in events])
-        return collate(events, adv, pad_token_id=pad)
+        return collate(events, None, pad_token_id=pad)
 
     # --- positions -------------------------------------------------------------------
 

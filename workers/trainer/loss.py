@@ -32,8 +32,11 @@ N and S are those of the whole optimiser update (pass `token_count`/`seq_count` 
 update is split into micro-batches, so the micro-batch losses add up to the update's).
 
 KL estimators of KL(π_θ ‖ π_ref) per token, with x = log π_θ − log π_ref (Schulman's k1/k2/k3;
-verl's `kl_loss_type` names in brackets): k1 = x [`kl`], k2 = x²/2 [`mse`],
-k3 = exp(−x) − 1 + x [`low_var_kl`], clamped to [−10, 10] as verl does.
+verl's `kl_loss_type` names in brackets), exactly as verl computes them: k1 = x [`kl`],
+k2 = x²/2 [`mse`], both unclamped; k3 = exp(d) − d − 1 with d = clamp(−x, ±20) [`low_var_kl`]
+(clamped before the exponential, which would overflow, and so make the gradient NaN, for x
+below about −88), the result clamped to [−10, 10]. Masked positions (m_t = 0) are set to x = 0
+before any of it, so a tool token far from the reference cannot poison the gradient.
 
 With one optimiser update per step the proximal policy is the current one: pass
 `old_log_prob = log_prob.detach()`, then r_t = 1 in value (gradient ∇ log π_θ), the clip
@@ -61,6 +64,7 @@ import torch
 
 __all__ = [
     "KL_ESTIMATORS",
+    "METRIC_KEYS",
     "LossAggMode",
     "PolicyLoss",
     "agg_loss",
@@ -79,6 +83,22 @@ LossAggMode = Literal[
 ]
 KLEstimator = Literal["k1", "k2", "k3", "kl", "mse", "low_var_kl"]
 KL_ESTIMATORS: dict[str, str] = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+#: The keys of `PolicyLoss.metrics`, every call the same.
+METRIC_KEYS = (
+    "tokens",
+    "pg_loss_sum",
+    "pg_clipfrac_sum",
+    "pg_clipfrac_lower_sum",
+    "ppo_kl_sum",
+    "is_weight_sum",
+    "is_weight_min",
+    "is_weight_max",
+    "is_weight_raw_max",
+    "is_truncated_sum",
+    "behav_kl_sum",
+    "entropy_sum",
+    "kl_ref_sum",
+)
 
 
 @dataclass
@@ -117,20 +137,25 @@ def importance_weights(
 
 
 def kl_penalty(
-    log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: KLEstimator
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    estimator: KLEstimator,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) (module docstring), clamped to ±10."""
+    """Per-token estimate of KL(π_θ ‖ π_ref) (module docstring); 0 where `mask` is 0, whose
+    positions never enter the arithmetic (no inf there to multiply by a zero weight)."""
     kind = KL_ESTIMATORS.get(estimator, estimator)
     x = log_prob - ref_log_prob
+    if mask is not None:
+        x = torch.where(mask > 0, x, torch.zeros_like(x))
     if kind == "k1":
-        kl = x
-    elif kind == "k2":
-        kl = 0.5 * x.square()
-    elif kind == "k3":
-        kl = torch.exp(-x) - 1.0 + x
-    else:
-        raise ValueError(f"unknown KL estimator {estimator!r}")
-    return kl.clamp(-_KL_BOUND, _KL_BOUND)
+        return x
+    if kind == "k2":
+        return 0.5 * x.square()
+    if kind == "k3":
+        d = (-x).clamp(-_SAFETY, _SAFETY)  # verl's low_var_kl: clamp, then exp
+        return (torch.exp(d) - d - 1.0).clamp(-_KL_BOUND, _KL_BOUND)
+    raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
 def agg_loss(
@@ -198,7 +223,6 @@ def policy_loss(
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must exceed 1, got {clip_ratio_c}")
     mask = response_mask.to(log_prob.dtype)
-    tokens = float(mask.sum().item())
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return agg_loss(
@@ -230,30 +254,34 @@ def policy_loss(
         loss = loss - entropy_coeff * agg(entropy)
     kl = None
     if ref_log_prob is not None:
-        kl = kl_penalty(log_prob, ref_log_prob.detach(), kl_loss_type)
+        kl = kl_penalty(log_prob, ref_log_prob.detach(), kl_loss_type, mask)
         if kl_coef:
             loss = loss + kl_coef * agg(kl)
 
-    with torch.no_grad():
+    with torch.no_grad():  # one device-to-host copy for every figure (a GPU waits once)
         valid = mask > 0
-        any_valid = bool(valid.any())
-        metrics = {
-            "tokens": tokens,
-            "pg_loss_sum": float(_masked_sum(per_token, mask)),
-            "pg_clipfrac_sum": float(_masked_sum((clipped > unclipped).to(mask.dtype), mask)),
-            "pg_clipfrac_lower_sum": float(_masked_sum(lower.to(mask.dtype), mask)),
-            "ppo_kl_sum": float(_masked_sum(-log_ratio, mask)),
-            "is_weight_sum": float(weight.sum()),
-            "is_weight_min": float(weight[valid].min()) if any_valid else float("nan"),
-            "is_weight_max": float(weight[valid].max()) if any_valid else float("nan"),
-            "is_weight_raw_max": float(raw[valid].max()) if any_valid else float("nan"),
-            "is_truncated_sum": float(
-                _masked_sum((raw > rollout_is_threshold).to(mask.dtype), mask)
-            ),
-            "behav_kl_sum": float(_masked_sum(rollout_log_prob - old_log_prob, mask)),
-            "entropy_sum": float(_masked_sum(entropy, mask)) if entropy is not None else 0.0,
-            "kl_ref_sum": float(_masked_sum(kl, mask)) if kl is not None else 0.0,
+        inf = torch.full_like(weight, float("inf"))
+        zero = torch.zeros((), dtype=mask.dtype, device=mask.device)
+        values = {
+            "tokens": mask.sum(),
+            "pg_loss_sum": _masked_sum(per_token, mask),
+            "pg_clipfrac_sum": _masked_sum((clipped > unclipped).to(mask.dtype), mask),
+            "pg_clipfrac_lower_sum": _masked_sum(lower.to(mask.dtype), mask),
+            "ppo_kl_sum": _masked_sum(-log_ratio, mask),
+            "is_weight_sum": weight.sum(),
+            "is_weight_min": torch.where(valid, weight, inf).min(),
+            "is_weight_max": torch.where(valid, weight, -inf).max(),
+            "is_weight_raw_max": torch.where(valid, raw, -inf).max(),
+            "is_truncated_sum": _masked_sum((raw > rollout_is_threshold).to(mask.dtype), mask),
+            "behav_kl_sum": _masked_sum(rollout_log_prob - old_log_prob, mask),
+            "entropy_sum": _masked_sum(entropy, mask) if entropy is not None else zero,
+            "kl_ref_sum": _masked_sum(kl, mask) if kl is not None else zero,
         }
+        floats = torch.stack([v.to(torch.float64) for v in values.values()]).tolist()
+        metrics = dict(zip(values, floats, strict=True))
+        if not metrics["tokens"]:  # no trained token: no extremes
+            for key in ("is_weight_min", "is_weight_max", "is_weight_raw_max"):
+                metrics[key] = float("nan")
     return PolicyLoss(loss=loss, metrics=metrics)
 
 

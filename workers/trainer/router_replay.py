@@ -48,6 +48,7 @@ from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.exceptions import RouterReplayError
 
 __all__ = [
+    "COUNT_KEYS",
     "MISSING",
     "SOFTMAX_TOP_K",
     "RouterReplay",
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 MISSING = -1
+#: Every key `RouterReplay.counts` may return (the live one under replay only).
+COUNT_KEYS = ("router_rows", "router_mismatch_sum", "router_live_mismatch_sum")
 
 #: Router classes whose choice is top-k of softmax(logits) over all experts, and whether they
 #: renormalise the chosen weights (an attribute name to read, or always).

@@ -24,7 +24,8 @@ torchrun stop the others; the restart resumes from `latest` (steps after it are 
 from its weights, as with one process).
 
 Commands travel on a gloo group with a long timeout (rank 0 may wait on an idle topic for
-hours); the training collectives use the default group (gloo on cpu, nccl on cuda).
+hours); FSDP2's collectives use the default group (gloo on cpu, nccl on cuda), and the step's own
+(its loss and metric rows, CPU tensors) the gloo control group, since NCCL takes no CPU tensor.
 """
 
 from __future__ import annotations
@@ -300,6 +301,7 @@ class ShardedTrainer(Trainer):
             self.config,
             rank=0,
             world=self.ranks.world,
+            group=self.ranks.control,
             ref_model=self.ref_model,
         )
 
@@ -341,6 +343,7 @@ def _follow(config: TrainerConfig, ranks: Ranks) -> None:
                 config,
                 rank=ranks.rank,
                 world=ranks.world,
+                group=ranks.control,
                 ref_model=policy.ref_model,
             )
         elif kind == SAVE:

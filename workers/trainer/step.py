@@ -30,14 +30,23 @@ from typing import Any
 
 import torch
 
-from workers.llm.replicas.hf_images import image_token_id, plain_image_tokens
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import DeviceError
-from workers.trainer.loss import entropy_from_logits, policy_loss, summarize
+from workers.trainer.logprobs import forward_log_probs, response_log_probs
+from workers.trainer.loss import policy_loss, summarize
+from workers.trainer.micro_batches import micro_batch_indices, micro_batches
+from workers.trainer.packing import Layout, layout
 from workers.trainer.router_replay import RouterReplay, batch_routing
 
-__all__ = ["resolve_device", "response_log_probs", "response_positions", "routing", "train_step"]
+__all__ = [
+    "micro_batches_of",
+    "resolve_device",
+    "response_log_probs",
+    "response_positions",
+    "routing",
+    "train_step",
+]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,52 +63,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def response_log_probs(
-    model: Any, batch: TrajectoryBatch, *, entropy_grad: bool = False, precision: str = "fp32"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(response token) [B, R] and the entropy at each response position [B, R].
-
-    The entropy carries a gradient only with `entropy_grad` (an entropy bonus in the loss).
-    With `precision="bf16"` the model runs under bf16 autocast; the log-softmax and what
-    follows are fp32 either way.
-    """
-    p = batch.prompt_length
-    responses = batch["responses"]
-    r = responses.shape[1]
-    input_ids = batch["input_ids"]
-    # Vision-language policies: the samples' pixel values, in row order as the image tokens.
-    pixels = [t for t in batch.pixels or [] if t is not None]
-    images = {"pixel_values": torch.cat(pixels)} if pixels else {}
-    plain = torch.zeros_like(input_ids, dtype=torch.bool)
-    if images:  # an image token in a response was generated: a plain token, as the engine fed it
-        plain[:, p:] = input_ids[:, p:] == _image_token(model)
-    with (
-        torch.autocast(input_ids.device.type, torch.bfloat16, enabled=precision == "bf16"),
-        plain_image_tokens(model, input_ids, plain) as ids,
-    ):
-        out = model(
-            input_ids=ids,
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-            **images,
-        )
-    logits = out.logits[:, p - 1 : p + r - 1, :].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    if entropy_grad:
-        entropy = entropy_from_logits(logits)
-    else:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
-    return logp, entropy
-
-
-def _image_token(model: Any) -> int:
-    """The model's image token id (-1, no token, for a text model)."""
-    token = image_token_id(model.config)
-    return -1 if token is None else token
-
-
 def mini_batches(batch: TrajectoryBatch, count: int) -> list[TrajectoryBatch]:
     """`batch` cut into at most `count` slices of whole groups (a group's samples are
     consecutive and share a uid), as even in groups as the group count allows."""
@@ -109,9 +72,25 @@ def mini_batches(batch: TrajectoryBatch, count: int) -> list[TrajectoryBatch]:
     return [batch.select(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
 
-def routing(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> RouterReplay:
-    """The routing context of one forward of `model` on `batch` (inert without routing)."""
-    return RouterReplay(model, batch_routing(batch), replay=config.router_replay == "r3")
+def routing(
+    model: Any, batch: TrajectoryBatch, config: TrainerConfig, view: Layout | None = None
+) -> RouterReplay:
+    """The routing context of one forward of `model` on `batch` in the layout `view` (the
+    padded one when None); inert without routing."""
+    routed = batch_routing(batch)
+    if routed is not None and view is not None:
+        routed = view.take(routed)
+    return RouterReplay(model, routed, replay=config.router_replay == "r3")
+
+
+def micro_batches_of(batch: TrajectoryBatch, config: TrainerConfig) -> list[TrajectoryBatch]:
+    """The micro-batches of `batch` (`workers.trainer.micro_batches`: by count or tokens)."""
+    return micro_batches(batch, config.micro_batch_size, config.max_tokens_per_micro_batch)
+
+
+def _view(batch: TrajectoryBatch, config: TrainerConfig) -> Layout:
+    """The layout of the trainer's own forwards: only the trained tokens go through the head."""
+    return layout(batch, packed=config.packed, trained_only=True)
 
 
 def response_positions(batch: TrajectoryBatch) -> torch.Tensor:
@@ -125,12 +104,34 @@ def response_positions(batch: TrajectoryBatch) -> torch.Tensor:
 
 def _log_probs(model: Any, batch: TrajectoryBatch, config: TrainerConfig) -> torch.Tensor:
     """Response logprobs without a gradient, micro-batch by micro-batch, as one [B, R]."""
-    parts = []
+    out = torch.zeros_like(batch["old_logprobs"])
+    # Every layout first: building one reads sizes off the device, which must not wait on a
+    # forward in flight.
+    micros = [(mb, rows, _view(mb, config)) for mb, rows in _with_rows(batch, config)]
     with torch.no_grad():
-        for mb in batch.split(config.micro_batch_size):
-            with routing(model, mb, config):
-                parts.append(response_log_probs(model, mb, precision=config.precision)[0])
-    return torch.cat(parts, dim=0)
+        for mb, rows, view in micros:
+            with routing(model, mb, config, view):
+                logp = forward_log_probs(
+                    model,
+                    mb,
+                    view,
+                    precision=config.precision,
+                    chunk_tokens=config.logprob_chunk_tokens,
+                )[0]
+            out[rows] = logp
+    return out
+
+
+def _with_rows(
+    batch: TrajectoryBatch, config: TrainerConfig
+) -> list[tuple[TrajectoryBatch, torch.Tensor]]:
+    """The micro-batches of `batch`, each with the batch rows it holds."""
+    device = batch["old_logprobs"].device
+    size, budget = config.micro_batch_size, config.max_tokens_per_micro_batch
+    return [
+        (batch.take(rows), torch.tensor(rows, device=device))
+        for rows in micro_batch_indices(batch, size, budget)
+    ]
 
 
 #: The settings of `policy_loss` that `TrainerConfig` holds, under the same (verl's) names.
@@ -163,15 +164,23 @@ def micro_loss(
     micro: TrajectoryBatch,
     config: TrainerConfig,
     counts: UpdateCounts,
+    view: Layout | None = None,
 ) -> Any:
     """The policy loss of one micro-batch (a forward with grad), normalised by its update's
-    `counts` so that the micro-batches' losses add up to the update's.
+    `counts` so that the micro-batches' losses add up to the update's; `view` its layout
+    (built here when None).
 
     The proximal policy is the one before the step where `micro["prox_logprobs"]` holds its
     logprobs (several updates per step), else the current one (`log_prob.detach()`)."""
-    with routing(model, micro, config) as routed:
-        logp, entropy = response_log_probs(
-            model, micro, entropy_grad=config.entropy_coeff > 0, precision=config.precision
+    view = view if view is not None else _view(micro, config)
+    with routing(model, micro, config, view) as routed:
+        logp, entropy = forward_log_probs(
+            model,
+            micro,
+            view,
+            entropy_grad=config.entropy_coeff > 0,
+            precision=config.precision,
+            chunk_tokens=config.logprob_chunk_tokens,
         )
     prox = micro.tensors.get("prox_logprobs")
     out = policy_loss(
@@ -185,7 +194,7 @@ def micro_loss(
         **config.model_dump(include=_LOSS_SETTINGS),
         **dataclasses.asdict(counts),
     )
-    out.metrics.update(routed.counts(response_positions(micro)))
+    out.metrics.update(routed.counts(view.take(response_positions(micro))))
     return out
 
 
@@ -196,11 +205,12 @@ def _update(
     optimizer.zero_grad(set_to_none=True)
     counts = UpdateCounts.of(mb, config)
     parts = []
-    total = 0.0
-    for micro in mb.split(config.micro_batch_size):
-        out = micro_loss(model, micro, config, counts)
+    total = torch.zeros((), dtype=torch.float64, device=mb["input_ids"].device)
+    micros = [(m, _view(m, config)) for m in micro_batches_of(mb, config)]  # no wait later
+    for micro, view in micros:
+        out = micro_loss(model, micro, config, counts, view)
         out.loss.backward()
-        total += float(out.loss.detach())
+        total += out.loss.detach()
         parts.append(out.metrics)
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
@@ -215,7 +225,9 @@ def _update(
     optimizer.zero_grad(set_to_none=True)
     metrics = summarize(parts)
     metrics.update(
-        loss=total, grad_norm=grad_norm, skipped_nonfinite=float(not math.isfinite(grad_norm))
+        loss=float(total),
+        grad_norm=grad_norm,
+        skipped_nonfinite=float(not math.isfinite(grad_norm)),
     )
     return metrics, parts
 

@@ -30,13 +30,35 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kafka import TopicPartition
 
-__all__ = ["Released", "WholeGroups", "grpo_batches"]
+from schemas.advantages import EPS
+
+__all__ = ["REPLAY_DEFAULTS", "AdvantageSettings", "Released", "WholeGroups", "grpo_batches"]
 
 log = logging.getLogger("rollout.trainer.consumer")
+
+
+class AdvantageSettings(Protocol):
+    """How GRPO advantages are computed: the replay stage's settings (a run's `cfg.replay`)."""
+
+    @property
+    def norm_adv_by_std(self) -> bool: ...
+
+    @property
+    def adv_eps(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class _Settings:
+    norm_adv_by_std: bool
+    adv_eps: float
+
+
+#: The replay stage's defaults (`TrajectoryConsumer.batches(advantages="grpo")`).
+REPLAY_DEFAULTS: AdvantageSettings = _Settings(norm_adv_by_std=True, adv_eps=EPS)
 
 
 @dataclass
@@ -148,9 +170,13 @@ def grpo_batches(
     max_wait_s: float | None,
     group_timeout_s: float | None,
     pad_token_id: int,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
 ) -> Iterator[Any]:
-    """`TrajectoryConsumer.batches(size, advantages="grpo")` over `rl.scored`: batches of at
-    least `size` whole groups with their GRPO advantages.
+    """`TrajectoryConsumer.batches(size, advantages=...)` over `rl.scored`: batches of at
+    least `size` whole groups with their GRPO advantages (`schemas.advantages`, with
+    `norm_by_std` and `eps` the replay stage's `norm_adv_by_std` and `adv_eps`).
 
     A batch is made of whole released runs (so it may hold a few more than `size` groups when
     groups finish together): its partitions' positions then move to the end of those runs,
@@ -166,7 +192,12 @@ def grpo_batches(
 
     def batch() -> Any:
         samples = [s for group in ready for s in group]
-        adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
+        adv = grpo_advantages(
+            [s.reward_score for s in samples],
+            [s.uid for s in samples],
+            norm_by_std=norm_by_std,
+            eps=eps,
+        )
         for partition, position in ready_positions.items():
             if held.holds(partition):
                 consumer._hold[partition] = position

@@ -127,3 +127,12 @@ def test_weights_are_one_on_policy() -> None:
     assert m["is_weight_mean"] == pytest.approx(1.0)
     assert m["is_weight_min"] == pytest.approx(1.0) and m["is_weight_max"] == pytest.approx(1.0)
     assert m["behav_kl"] == pytest.approx(0.0)
+
+
+def test_the_metric_keys_are_the_declared_ones() -> None:
+    """`METRIC_KEYS` is what the sharded step gathers by: every call returns exactly those."""
+    from workers.trainer.loss import METRIC_KEYS
+
+    logp = torch.tensor([[-1.0, -2.0]])
+    out = policy_loss(logp, logp, logp, torch.ones_like(logp), torch.ones_like(logp))
+    assert sorted(out.metrics) == sorted(METRIC_KEYS)

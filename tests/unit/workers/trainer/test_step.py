@@ -98,6 +98,7 @@ def test_moe_step_with_r3_trains_through_the_recorded_experts_and_off_counts_the
         routers,
         sequences,
     )
+    from workers.trainer.packing import layout
     from workers.trainer.router_replay import batch_routing
     from workers.trainer.step import train_step
 
@@ -129,11 +130,14 @@ def test_moe_step_with_r3_trains_through_the_recorded_experts_and_off_counts_the
             h.remove()
         if mode == "r3":
             # The step's forwards: the proximal logprobs (two micro-batches), then one per
-            # mini-batch (whole groups: samples 0-1, then 2-3).
+            # mini-batch (whole groups: samples 0-1, then 2-3), each packed: the recorded
+            # routing packed like the tokens (`Layout.take`).
             assert len(used) == 4 * LAYERS
             for k, experts in enumerate(used):
                 lo = 2 * ((k // LAYERS) % 2)
-                want = recorded[lo : lo + 2, :, k % LAYERS].reshape(-1, experts.shape[-1])
+                view = layout(batch.select(lo, lo + 2))
+                want = view.take(recorded[lo : lo + 2])[0, :, k % LAYERS]
+                assert want.shape == experts.shape
                 rows = (want >= 0).all(dim=-1)
                 assert rows.sum() > 0
                 assert torch.equal(experts[rows], want[rows])
