@@ -6,8 +6,8 @@ its weights back to the replicas, checkpoint where you are, resume there. Runnab
 
 With `--model`, each step is a plain PyTorch policy-gradient update of that model (the
 advantage-weighted log-likelihood of the response tokens, one AdamW step) and
-`PolicyPublisher` sends the new weights by the run's `trainer.weight_transfer` (checkpoints
-under `--out`, or `--set trainer.weight_transfer=broadcast`: over a process group, no disk)
+`PolicyPublisher` sends the new weights by the run's `weights.mode` (checkpoints
+under `--out`, or `--set weights.mode=broadcast`: over a process group, no disk)
 and publishes the version on the policy topic, so the replicas serve it and the pipeline's
 staleness gate follows. Without `--model` the step is a stand-in you replace.
 

@@ -23,7 +23,7 @@
 # on PORT+1 with `--weight-transfer-config {"backend":"nccl"}`): tests/gpu/test_weight_transfer.py
 # drives vLLM's native NCCL weight-transfer engine (/init_weight_transfer_engine,
 # /start_weight_update, /update_weights, /finish_weight_update) and the project's broadcast
-# (`trainer.weight_transfer: broadcast`, `weight_transfer.backend: nccl`) into it. These need two
+# (`weights.mode: broadcast`, `weights.backend: nccl`) into it. These need two
 # GPUs (NCCL refuses two ranks on one device: "Duplicate GPU detected"); with one the step is
 # reported as skipped with that reason, not failed. TRANSFER_CHECK=0 skips it.
 #

@@ -15,8 +15,8 @@
   idempotent and acknowledged (what `rollout produce` runs).
 - `TrajectoryConsumer` (`workers.trainer.consumer`): `rl.replay` or `rl.scored` → typed events
   or padded batches, with positions that resume exactly (what the trainer reads with).
-- `PolicyPublisher` (`workers.trainer.publisher`): a trainer of your own's new weights → the
-  replicas (by checkpoint or broadcast, as the run's `trainer.weight_transfer`), its version →
+- `PolicyPublisher` (`workers.weights.publish`): a trainer of your own's new weights → the
+  replicas (by checkpoint or broadcast, as the run's `weights.mode`), its version →
   `rl.policy`, so the replicas and the staleness gate follow it.
 
 Their code stays beside what runs it (the CLI, the trainer); this is the place to import them
@@ -27,6 +27,6 @@ from __future__ import annotations
 
 from pipeline.data.producer import ProduceReport, PromptProducer
 from workers.trainer.consumer import TrajectoryConsumer
-from workers.trainer.publisher import PolicyPublisher
+from workers.weights.publish import PolicyPublisher
 
 __all__ = ["PolicyPublisher", "ProduceReport", "PromptProducer", "TrajectoryConsumer"]

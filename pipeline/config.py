@@ -38,10 +38,11 @@ from workers.media.config import MediaConfig
 from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig
 from workers.trainer.config import TrainerConfig
-from workers.transfer.config import WeightTransferConfig
+from workers.weights.config import WeightsConfig
 
 __all__ = [
     "DERIVED",
+    "RENAMED",
     "RUN_GROUPS",
     "ConfigError",
     "LocalKafkaConfig",
@@ -61,6 +62,12 @@ DERIVED: dict[str, str] = {
     "replay.max_staleness": "trainer.max_staleness",
 }
 
+
+#: Settings that moved: old dotted key → new one (refused under the old name, in one line).
+RENAMED: dict[str, str] = {
+    "trainer.weight_transfer": "weights.mode",
+    "weight_transfer": "weights (weight_transfer.X is weights.X)",
+}
 
 #: The consumer group of each stage section, named `{topics.prefix}{stage}` unless set.
 RUN_GROUPS: dict[str, str] = {
@@ -114,21 +121,30 @@ class RunConfig(BaseSettings):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     vllm: VLLMLaunchConfig = Field(default_factory=VLLMLaunchConfig)
-    weight_transfer: WeightTransferConfig = Field(default_factory=WeightTransferConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _no_derived_settings(cls, data: Any) -> Any:
-        """Refuse a derived copy given as a setting (from a file, variable, flag or dict)."""
+        """Refuse a derived copy given as a setting (from a file, variable, flag or dict), and
+        a setting under its old name, saying the new one."""
         for key, source in DERIVED.items():
             if _names(data, key):
                 raise ValueError(f"{key} is derived from {source}: set that instead")
+        for old, new in RENAMED.items():
+            if _names(data, old):
+                raise ValueError(f"{old} is renamed to {new}")
         return data
 
     @model_validator(mode="after")
     def _derive(self) -> RunConfig:
         """Each stage's copy of the settings several stages share, from their one source."""
         self._name_after_run()
+        if self.weights.mode == "broadcast" and self.trainer.nproc > 1:
+            raise ValueError(
+                f"weights.mode=broadcast runs with one trainer process, not "
+                f"trainer.nproc={self.trainer.nproc}"
+            )
         trainer, gate = self.trainer, self.agent_loop.admission
         # Inside the trainer's bound by the margin: a gate looser than the bound would
         # generate what the stages downstream are sure to drop.

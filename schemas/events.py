@@ -365,7 +365,7 @@ class PolicyVersion(EventBase):
     """A trained policy the replicas should load (topic `rl.policy`, compacted).
 
     With `transfer` unset (`trainer.weight_transfer: disk`) the replicas load `path`. With it
-    set, the weights come over a process group from the trainer (`workers.transfer`); `path`
+    set, the weights come over a process group from the trainer (`workers.weights`); `path`
     is then a checkpoint of this version only when one was written (else ""). A record without
     `transfer` encodes exactly as before the field existed."""
 

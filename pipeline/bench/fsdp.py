@@ -45,9 +45,9 @@ def _rank_main(model_dir: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from pipeline.bench.train_step import _batch
-    from workers.trainer.checkpoint import TrainerState
     from workers.trainer.sharded import build_policy, init_ranks
     from workers.trainer.sharded_step import sharded_train_step
+    from workers.weights.checkpoint import TrainerState
 
     torch.set_num_threads(1)
     config = _config().model_copy(update={"checkpoint_dir": str(Path(out) / "none")})

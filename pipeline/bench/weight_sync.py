@@ -145,9 +145,9 @@ def _rounds(
     url: str, model: Any, model_dir: Path, tmp: Path, rounds: int, bucket_mb: int, dtype: str
 ) -> dict[str, Any]:
     from schemas.events import WeightTransfer
-    from workers.llm.replicas.weight_receiver import GrantClient
-    from workers.trainer.checkpoint import TrainerState, save_checkpoint
-    from workers.transfer.hub import TransferHub, unique_tensors
+    from workers.weights.checkpoint import TrainerState, save_checkpoint
+    from workers.weights.grants import GrantClient
+    from workers.weights.hub import TransferHub, unique_tensors
 
     hub = TransferHub(
         host="127.0.0.1", port=0, session="bench", timeout_s=600, bucket_bytes=bucket_mb << 20

@@ -410,7 +410,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
             # Let late duplicates (a resumed SIGSTOPped worker, a redelivery) surface.
             time.sleep(5.0)
             sup.tick()
-        from workers.trainer.checkpoint import load_latest
+        from workers.weights.checkpoint import load_latest
 
         latest = load_latest(cfg.trainer.checkpoint_dir)
         final = audit(cfg, expected, upto=latest.state.version if latest is not None else 0)

@@ -102,8 +102,8 @@ def with_run_dir(cfg: RunConfig, run_dir: Path) -> RunConfig:
 def resumed_version(cfg: RunConfig) -> int:
     """The version the run's trainer resumes at (0: a new run); a run already at
     `trainer.max_steps` is refused here, before any stage starts."""
-    from workers.trainer.checkpoint import load_latest
     from workers.trainer.exceptions import RunFinishedError
+    from workers.weights.checkpoint import load_latest
 
     ckpt = load_latest(cfg.trainer.checkpoint_dir)
     if ckpt is None:

@@ -67,7 +67,7 @@ def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]
     common = {"max_model_len": args.max_model_len, "served_model_name": args.served_model_name}
     # broadcast weights (hf, vllm): a replica serves nothing until it holds the trainer's (a
     # judge serves its own model and never gets them)
-    awaits = cfg.trainer.weight_transfer == "broadcast" and args.role == "policy"
+    awaits = cfg.weights.mode == "broadcast" and args.role == "policy"
     if args.backend == "hf":
         if args.dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"--dtype {args.dtype}: the hf replica serves float32 or bfloat16")
@@ -298,7 +298,7 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     # trainer runs, it stops cleanly (checkpoint, result).
     stop, metrics = _stop_event_on_signals(graceful=False), _metrics("train", args)
     result = run_trainer(
-        cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics, transfer=cfg.weight_transfer
+        cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics, transfer=cfg.weights
     )
     print_json(asdict(result))
     return 0
@@ -327,7 +327,7 @@ def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -
 
 
 def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.llm.replicas.sync import run_controller
+    from workers.weights.sync import run_controller
 
     stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
     run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)

@@ -93,7 +93,7 @@ def demo_config(
             "llm": {
                 "health_interval_s": 1.0,
                 "no_replica_wait_s": 600.0
-                if backend == "vllm" or cfg.trainer.weight_transfer == "broadcast"
+                if backend == "vllm" or cfg.weights.mode == "broadcast"
                 else 30.0,
             },
         },

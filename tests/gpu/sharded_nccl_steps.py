@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from tests.gpu.test_trainer_device import groups
 from workers.trainer.batching import collate_groups
-from workers.trainer.checkpoint import TrainerState
 from workers.trainer.config import TrainerConfig
 from workers.trainer.sharded import build_policy, init_ranks
 from workers.trainer.sharded_step import sharded_train_step
+from workers.weights.checkpoint import TrainerState
 
 
 def main() -> None:

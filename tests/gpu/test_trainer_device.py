@@ -21,10 +21,10 @@ from schemas.events import ExtraFields, ScoredTrajectory, TrainingGroup
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.model_init import init_model
 from workers.trainer.batching import collate_groups
-from workers.trainer.checkpoint import TrainerState, save_checkpoint
 from workers.trainer.config import TrainerConfig
 from workers.trainer.step import resolve_device, train_step
 from workers.trainer.trainer import Trainer
+from workers.weights.checkpoint import TrainerState, save_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,

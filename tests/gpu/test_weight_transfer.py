@@ -5,8 +5,8 @@
   this process is the trainer, with the other checkpoint on the GPU, and drives vLLM's own
   `NCCLTrainerWeightTransferEngine` against vLLM's HTTP routes (`/init_weight_transfer_engine`,
   `/start_weight_update`, `/update_weights`, `/finish_weight_update`).
-- the project's broadcast (`trainer.weight_transfer: broadcast` with
-  `weight_transfer.backend: nccl`): a `TransferHub` with the weights on the GPU grants a
+- the project's broadcast (`weights.mode: broadcast` with
+  `weights.backend: nccl`): a `TransferHub` with the weights on the GPU grants a
   `GrantClient`'s want, and the adapter's `/update_weights {version, transfer}` makes vLLM's
   workers receive over a fresh NCCL group (`WeightSync.rollout_receive_weights`).
 
@@ -157,8 +157,8 @@ def test_vllms_native_nccl_engine(env: dict[str, str]) -> None:
 @TWO_GPUS
 def test_the_projects_broadcast_over_nccl(env: dict[str, str]) -> None:
     from schemas.events import WeightTransfer
-    from workers.llm.replicas.weight_receiver import GrantClient
-    from workers.transfer.hub import TransferHub, unique_tensors
+    from workers.weights.grants import GrantClient
+    from workers.weights.hub import TransferHub, unique_tensors
 
     url = env["ROLLOUT_REPLICA_URL"]
     served = _model(env["ROLLOUT_UPDATE_WEIGHTS_PATH"])  # what the test before loaded
@@ -196,7 +196,7 @@ def test_the_projects_broadcast_over_nccl(env: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_broadcast_to_a_second_process_on_this_machine(tmp_path: Path, dtype: str) -> None:
-    from workers.transfer.hub import TransferHub, unique_tensors
+    from workers.weights.hub import TransferHub, unique_tensors
 
     g = torch.Generator().manual_seed(0)
     # 2 MiB each in fp32 (alone in a bucket: sent from the tensor), 1 MiB in bf16 (packed)

@@ -119,7 +119,7 @@ class ReplicaTree:
                 {
                     "kafka": {"bootstrap_servers": bootstrap},
                     "topics": {"prefix": prefix},
-                    "trainer": {"weight_transfer": "broadcast"},
+                    "weights": {"mode": "broadcast"},
                 }
             )
         )
@@ -248,11 +248,11 @@ class TestTrainer:
         import uuid
 
         from workers.kafka.clients import make_producer
-        from workers.trainer.broadcast import BroadcastPublisher
-        from workers.transfer.config import WeightTransferConfig
+        from workers.weights.broadcast import BroadcastPublisher
+        from workers.weights.config import WeightsConfig
 
         self.root, self.tokenizer_from, self.topic = root, tokenizer_from, topics.name("policy")
-        config = WeightTransferConfig(timeout_s=timeout_s, bucket_mb=1)
+        config = WeightsConfig(timeout_s=timeout_s, bucket_mb=1)
         self.publisher = BroadcastPublisher(config, session=uuid.uuid4().hex[:12])
         self.producer = make_producer(kafka, name="test-trainer")
 
@@ -262,7 +262,7 @@ class TestTrainer:
         """Version `version` = `model` to every replica; (who received it, who was dropped)."""
         from schemas.codec import encode, headers_for
         from schemas.events import PolicyVersion
-        from workers.trainer.checkpoint import TrainerState, save_checkpoint
+        from workers.weights.checkpoint import TrainerState, save_checkpoint
 
         path = save_checkpoint(
             self.root, TrainerState(version=version), model, tokenizer_from=self.tokenizer_from

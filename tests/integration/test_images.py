@@ -300,10 +300,10 @@ def test_a_group_whose_image_is_gone_is_dead_lettered_and_the_next_trains(
 
     from tests.integration.trainer_helpers import produce
     from workers.media.store import MediaStore
-    from workers.trainer.checkpoint import load_latest
     from workers.trainer.config import TrainerConfig
     from workers.trainer.steplog import effective_steps
     from workers.trainer.trainer import run_trainer
+    from workers.weights.checkpoint import load_latest
 
     store = MediaStore(tmp_path / "store")
     red, blue = png((220, 0, 0)), png((0, 0, 220))

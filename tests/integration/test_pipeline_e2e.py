@@ -68,8 +68,8 @@ def pipeline_config(
                 "max_staleness": max_staleness,  # the gate's and the replay stage's too
                 "torch_threads": 1,
                 "lr": 1e-3,
-                "weight_transfer": weight_transfer,
             },
+            "weights": {"mode": weight_transfer},
         },
     )
 

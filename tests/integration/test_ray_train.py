@@ -18,8 +18,8 @@ from tests.integration.trainer_helpers import (
     small_trainer_config,
 )
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.trainer.checkpoint import load_latest
 from workers.trainer.steplog import effective_trajectory_ids
+from workers.weights.checkpoint import load_latest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 

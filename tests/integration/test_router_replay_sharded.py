@@ -51,11 +51,11 @@ def _rank_main(tmp: Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from tests.unit.workers.trainer.moe_helpers import LAYERS
-    from workers.trainer.checkpoint import TrainerState
     from workers.trainer.packing import layout
     from workers.trainer.router_replay import batch_routing
     from workers.trainer.sharded import build_policy, init_ranks
     from workers.trainer.sharded_step import shard_bounds, sharded_train_step
+    from workers.weights.checkpoint import TrainerState
 
     torch.set_num_threads(1)
     config = _config(tmp)

@@ -22,10 +22,10 @@ from tests.conftest import REPO, ROLLOUT, ReplicaProcess
 from tests.integration.trainer_helpers import make_groups, policy_versions, produce, read_all
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
-from workers.trainer.checkpoint import load_latest
 from workers.trainer.config import TrainerConfig
 from workers.trainer.steplog import effective_steps, effective_trajectory_ids
 from workers.trainer.trainer import run_trainer
+from workers.weights.checkpoint import load_latest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -101,7 +101,7 @@ def test_steps_checkpoint_and_publish(
     # the replica's loader accepts the checkpoint as it is
     from transformers import AutoModelForCausalLM
 
-    from workers.llm.replicas import weights
+    from workers.weights import load as weights
 
     served = AutoModelForCausalLM.from_pretrained(str(tiny_model))
     weights.read_checkpoint(latest.path, weights.targets(served))
@@ -209,7 +209,7 @@ def _health_version(address: str) -> int:
 def test_controller_moves_a_replica_to_the_published_version(
     kafka_config: KafkaConfig, topics_config: TopicsConfig, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from workers.llm.replicas.sync import run_controller
+    from workers.weights.sync import run_controller
 
     replica = ReplicaProcess(tiny_model, "hf-sync", tmp_path)
     try:

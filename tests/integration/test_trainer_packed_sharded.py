@@ -49,10 +49,10 @@ def _rank_main(tmp: Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from tests.unit.workers.trainer.test_packing import ragged_batch
-    from workers.trainer.checkpoint import TrainerState
     from workers.trainer.sharded import build_policy, init_ranks
     from workers.trainer.sharded_step import rank_micro_batches, sharded_train_step
     from workers.trainer.step import mini_batches
+    from workers.weights.checkpoint import TrainerState
 
     torch.set_num_threads(1)
     batch = ragged_batch(groups=4)

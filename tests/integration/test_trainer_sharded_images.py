@@ -18,7 +18,7 @@ import yaml
 from tests.conftest import REPO
 from tests.integration.trainer_helpers import image_group, png, produce, small_trainer_config
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.trainer.checkpoint import load_latest
+from workers.weights.checkpoint import load_latest
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import REPO
-from workers.transfer.group import store_client
-from workers.transfer.hub import TransferHub, unique_tensors
+from workers.weights.group import store_client
+from workers.weights.hub import TransferHub, unique_tensors
 
 pytestmark = [pytest.mark.slow]
 
@@ -212,8 +212,8 @@ def test_a_bf16_receiver_gets_half_the_bytes_within_two_buckets_of_memory(setup)
 def test_the_trainers_death_mid_transfer_costs_the_receiver_its_update_only(
     tmp_path: Path,
 ) -> None:
-    from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, want_key
-    from workers.transfer.receive import receive_buckets
+    from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
+    from workers.weights.receive import receive_buckets
 
     address_file = tmp_path / "address"
     argv = [sys.executable, "-m", "tests.integration.transfer_sender"]

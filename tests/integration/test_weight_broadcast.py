@@ -1,10 +1,10 @@
-"""Weights reach the replicas without a shared disk (`trainer.weight_transfer: broadcast`).
+"""Weights reach the replicas without a shared disk (`weights.mode: broadcast`).
 
 Every process in a directory tree of its own, the replicas unable to read the trainer's
 (`broadcast_helpers`: mode 000 and no capability to bypass it), Kafka the control plane:
 
 - four updates in a row, A → B → A → B, from the trainer's publishing path
-  (`workers.trainer.broadcast.BroadcastPublisher` and `PolicyVersion` on `rl.policy`, with a
+  (`workers.weights.broadcast.BroadcastPublisher` and `PolicyVersion` on `rl.policy`, with a
   checkpoint written each time that no replica can read): after each, both replicas report
   the trainer's version and their logprobs of a fixed prompt equal a transformers forward pass
   of the trainer's weights (1e-5), and not the previous weights. Before the first, each
@@ -108,9 +108,8 @@ def _trainer_config(path: Path, kafka: KafkaConfig, topics: TopicsConfig, model:
             "poll_timeout_s": 0.2,
             "lr": 1e-2,
             "group_id": f"trainer-{uuid.uuid4().hex[:8]}",
-            "weight_transfer": "broadcast",
         },
-        "weight_transfer": {"timeout_s": TIMEOUT_S, "checkpoint_every": 1},
+        "weights": {"mode": "broadcast", "timeout_s": TIMEOUT_S, "checkpoint_every": 1},
     }
     path.write_text(yaml.safe_dump(config))
     return path

@@ -31,14 +31,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workers.transfer.group import store_client
-from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, want_key
+from workers.weights.group import store_client
+from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
 
 try:
-    from workers.transfer.protocol import order_key
-    from workers.transfer.receive import receive_buckets
+    from workers.weights.protocol import order_key
+    from workers.weights.receive import receive_buckets
 except ImportError:  # the code before issue 46: one call, every bucket kept
-    from workers.transfer.receive import receive
+    from workers.weights.receive import receive
 
     receive_buckets = None
     order_key = None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from workers.transfer.hub import TransferHub
+from workers.weights.hub import TransferHub
 
 
 def main() -> None:

@@ -81,8 +81,8 @@ def _trainer_checkpoint(model: Path, root: Path) -> Path:
     checkpoint (`save_checkpoint`): what `/update_weights` loads after a step."""
     import torch
 
-    from workers.trainer.checkpoint import TrainerState, save_checkpoint
     from workers.trainer.images import load_policy
+    from workers.weights.checkpoint import TrainerState, save_checkpoint
 
     policy = load_policy(model, dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)

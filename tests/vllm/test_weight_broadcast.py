@@ -1,4 +1,4 @@
-"""Broadcast weights into vLLM (`trainer.weight_transfer: broadcast`), on the CPU build.
+"""Broadcast weights into vLLM (`weights.mode: broadcast`), on the CPU build.
 
 Two vLLM replicas, each with its sync controller in a directory tree of its own and unable to
 read the trainer's (tests/integration/broadcast_helpers.py), a tied-embedding model: they

@@ -138,7 +138,7 @@ class CompletionResponse(BaseModel):
 
 class UpdateWeightsRequest(BaseModel):
     """Load `path` (a checkpoint directory), or receive `transfer` (a grant of the trainer's,
-    `workers.transfer.protocol.Grant`, checked by the receiver): exactly one of the two."""
+    `workers.weights.protocol.Grant`, checked by the receiver): exactly one of the two."""
 
     model_config = ConfigDict(extra="forbid")
 

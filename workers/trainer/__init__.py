@@ -2,7 +2,7 @@
 
 Light on import (no torch): `TrainerConfig` and the consumer load without it; the training
 loop lives in `workers.trainer.trainer` (`run_trainer`), the loss in `workers.trainer.loss`;
-the replicas' weight-sync controller beside them, in `workers.llm.replicas.sync`.
+the replicas' weight-sync controller beside them, in `workers.weights.sync`.
 """
 
 from workers.trainer.batching import TrajectoryBatch, grpo_advantages

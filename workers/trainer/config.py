@@ -15,8 +15,8 @@ Cross-field rules checked at start:
   `sync_every`-th version, so a smaller bound would drop every group;
 - `keep_checkpoints >= 2`: a replica may still be loading the previous checkpoint while the
   next one is written, so the one before the newest is never deleted;
-- `weight_transfer='broadcast'` with `nproc` 1 only (rank 0 would first have to gather the
-  sharded weights every sync).
+- with the run's `weights.mode='broadcast'`, `nproc` 1 only (checked by the run's config:
+  rank 0 would first have to gather the sharded weights every sync).
 """
 
 from __future__ import annotations
@@ -244,14 +244,6 @@ class TrainerConfig(BaseModel):
     sync_every: int = Field(
         default=1, ge=1, le=100_000, description="Steps between checkpoint + PolicyVersion."
     )
-    weight_transfer: Literal["disk", "broadcast"] = Field(
-        default="disk",
-        description="How new weights reach the replicas. disk: each sync writes a checkpoint "
-        "and replicas load it (`checkpoint_dir` must be storage every replica sees). "
-        "broadcast: they come over a process group from the trainer (gloo; the run's "
-        "`weight_transfer` section), no shared disk needed; replicas start serving only once "
-        "they hold the trainer's weights; one trainer process (nproc 1).",
-    )
     max_steps: int | None = Field(
         default=None, ge=1, description="Stop after this global step; None: run until stopped."
     )
@@ -323,10 +315,6 @@ class TrainerConfig(BaseModel):
             raise ValueError(
                 f"max_staleness={self.max_staleness} < sync_every-1={self.sync_every - 1}: "
                 "replicas see every sync_every-th version, so every group would be dropped"
-            )
-        if self.weight_transfer == "broadcast" and self.nproc > 1:
-            raise ValueError(
-                f"weight_transfer=broadcast runs with one trainer process, not nproc={self.nproc}"
             )
         return self
 

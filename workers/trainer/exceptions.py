@@ -3,17 +3,19 @@
 RolloutError
 └── TrainerError
     ├── ConsumerClosedError     a TrajectoryConsumer used after close()
-    ├── CheckpointError         a checkpoint cannot be read or is inconsistent
     ├── DeviceError             the configured training device is not there
-    ├── PublishError            the broker did not acknowledge a PolicyVersion / stale group
     ├── RunFinishedError        the run's latest checkpoint is already at `max_steps`
     └── RouterReplayError       routing replay does not fit the model (dense, another router
                                 kind, routing recorded by a model of another shape)
+
+`CheckpointError` and `PublishError` (a checkpoint that cannot be read; an output the broker
+did not acknowledge) are the weights flow's (`workers.weights.exceptions`), named here too.
 """
 
 from __future__ import annotations
 
 from schemas.errors import RolloutError
+from workers.weights.exceptions import CheckpointError, PublishError
 
 __all__ = [
     "CheckpointError",
@@ -34,16 +36,8 @@ class ConsumerClosedError(TrainerError):
     """The consumer was used after `close()`."""
 
 
-class CheckpointError(TrainerError):
-    """A checkpoint cannot be read, or does not fit the configuration."""
-
-
 class DeviceError(TrainerError):
     """`trainer.device` names a device this machine does not have."""
-
-
-class PublishError(TrainerError):
-    """An output of the trainer was not acknowledged by the broker."""
 
 
 class RouterReplayError(TrainerError):

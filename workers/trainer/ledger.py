@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from schemas.events import TrainingGroup
-from workers.trainer.checkpoint import TrainerState
 from workers.trainer.consumer import Item, position_key
+from workers.weights.checkpoint import TrainerState
 
 __all__ = ["DedupWindow", "Entry", "Pending", "apply_entries", "dedup_key"]
 

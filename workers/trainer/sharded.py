@@ -45,10 +45,10 @@ import torch.distributed as dist
 
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
-from workers.trainer.checkpoint import TrainerState, load_latest, save_checkpoint
 from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import CheckpointError, TrainerError
 from workers.trainer.trainer import Trainer, TrainerResult
+from workers.weights.checkpoint import TrainerState, load_latest, save_checkpoint
 
 __all__ = [
     "Policy",

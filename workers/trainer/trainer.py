@@ -8,10 +8,10 @@ groups already trained (dedup by uid and attempt ids, remembered across restarts
 optimiser step (`workers.trainer.step`) → one line in the step log → every `sync_every`
 steps: checkpoint (weights + optimizer + the consumer positions the weights cover), publish
 `PolicyVersion(version, path, groups_trained, samples_trained)` (acks=all, key "policy"),
-commit the same positions to the group. With `weight_transfer: broadcast`
-(`workers.trainer.broadcast`) every `PolicyVersion` also carries where the trainer's
+commit the same positions to the group. With `weights.mode: broadcast`
+(`workers.weights.broadcast`) every `PolicyVersion` also carries where the trainer's
 rendezvous store listens, the weights go to the waiting replicas over a process group right
-after it is published, and a checkpoint is written every `weight_transfer.checkpoint_every`
+after it is published, and a checkpoint is written every `weights.checkpoint_every`
 versions only (positions are committed only with one).
 
 Guarantees:
@@ -57,14 +57,6 @@ from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
 from workers.stopping import StopSignal
-from workers.trainer.checkpoint import (
-    TrainerState,
-    load_latest,
-    load_optimizer,
-    prune,
-    save_checkpoint,
-    update_state,
-)
 from workers.trainer.config import TrainerConfig
 from workers.trainer.consumer import Item, TrajectoryConsumer
 from workers.trainer.exceptions import (
@@ -74,15 +66,23 @@ from workers.trainer.exceptions import (
     TrainerError,
 )
 from workers.trainer.ledger import DedupWindow, Pending, apply_entries, dedup_key
-from workers.trainer.publisher import send_policy_version
 from workers.trainer.steplog import StepLog, staleness_histogram
-from workers.transfer.config import WeightTransferConfig
+from workers.weights.checkpoint import (
+    TrainerState,
+    load_latest,
+    load_optimizer,
+    prune,
+    save_checkpoint,
+    update_state,
+)
+from workers.weights.config import WeightsConfig
+from workers.weights.publish import send_policy_version
 
 if TYPE_CHECKING:
     from workers.kafka.dlq import KafkaDeadLetters
-    from workers.trainer.broadcast import BroadcastPublisher
     from workers.trainer.images import BatchImages
     from workers.trainer.lend import Lender
+    from workers.weights.broadcast import BroadcastPublisher
 
 __all__ = ["Trainer", "TrainerResult", "run_trainer"]
 
@@ -110,15 +110,15 @@ class Trainer:
         *,
         stop_event: threading.Event | None = None,
         metrics: TrainerMetrics | None = None,
-        transfer: WeightTransferConfig | None = None,
+        transfer: WeightsConfig | None = None,
     ) -> None:
         self.kafka, self.topics, self.config = kafka, topics, config
         self.metrics = metrics or TrainerMetrics()
         self.stop_event = stop_event or threading.Event()
         self.root = Path(config.checkpoint_dir).resolve()
         self.run_id = uuid.uuid4().hex[:12]
-        self.transfer = transfer or WeightTransferConfig()
-        self.publisher: BroadcastPublisher | None = None  # weight_transfer=broadcast
+        self.transfer = transfer or WeightsConfig()
+        self.publisher: BroadcastPublisher | None = None  # weights.mode=broadcast
         self.lender: Lender | None = None  # lend.enable: the idle trainer serves generation
         self.images: BatchImages | None = None  # built at the first group with images
         self.dead_letters: KafkaDeadLetters | None = None  # built at the first dead letter
@@ -241,8 +241,8 @@ class Trainer:
             name="trainer",
             metrics=self.metrics,
         )
-        if self.config.weight_transfer == "broadcast":
-            from workers.trainer.broadcast import BroadcastPublisher
+        if self.transfer.mode == "broadcast":
+            from workers.weights.broadcast import BroadcastPublisher
 
             self.publisher = BroadcastPublisher(self.transfer, session=self.run_id)
             # Replicas learn where to ask and wait for the weights the trainer holds now.
@@ -590,7 +590,7 @@ def run_trainer(
     stop_event: threading.Event | None = None,
     *,
     metrics: TrainerMetrics | None = None,
-    transfer: WeightTransferConfig | None = None,
+    transfer: WeightsConfig | None = None,
 ) -> TrainerResult:
     """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`)."""
     trainer = Trainer(

@@ -246,7 +246,7 @@ def test_a_replicas_role_is_on_the_wire_only_when_it_is_a_judge() -> None:
 
 def test_a_policy_version_without_transfer_encodes_as_before_the_field() -> None:
     """`PolicyVersion.transfer` (broadcast weights) is left out of the JSON when unset, so a
-    record of `weight_transfer: disk` is byte for byte what older readers read."""
+    record of `weights.mode: disk` is byte for byte what older readers read."""
     from schemas.events import WeightTransfer
 
     plain = PolicyVersion(version=4, path="/ckpt/step-4", created_at=1.0)

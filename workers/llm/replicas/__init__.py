@@ -9,7 +9,7 @@
 
 Importing this package imports nothing at all (no backend, no torch, no aiohttp, not even
 `schemas`), so that a module of it can run where only its own imports are installed: vLLM's
-worker processes import `workers.llm.replicas.vllm_worker` in vLLM's environment.
+worker processes import `workers.weights.vllm_worker` in vLLM's environment.
 `get_backend(name)` imports the backend's module on first use, and a backend whose module or
 libraries are missing raises `BackendUnavailableError` only when asked for, never at import.
 Every backend module serves the HTTP contract of `workers.llm.contract` and exposes

@@ -7,12 +7,12 @@ RolloutError                        (schemas.errors)
     ├── BackendUnavailableError     unknown backend name, or its module failed to import
     ├── ReplicaStartError           the engine process did not start (its root cause said)
     ├── InvalidRequestError         a request the replica will not serve (→ HTTP 400)
-    ├── WeightLoadError             a checkpoint that cannot be loaded (→ HTTP 400);
-    │   │                           the live weights and version are left unchanged
-    │   └── WeightTransferError     broadcast weights that did not arrive (→ HTTP 400)
     ├── EngineClosedError           the engine was shut down (→ HTTP 503)
     └── UpstreamError               the server behind an adapter (vLLM, SGLang) failed a call
                                     or answered outside the contract (→ HTTP 5xx)
+
+Weights that cannot be loaded (`WeightLoadError`, `WeightTransferError`, → HTTP 400) are the
+weights flow's errors: `workers.weights.exceptions`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ __all__ = [
     "InvalidRequestError",
     "ReplicaStartError",
     "UpstreamError",
-    "WeightLoadError",
-    "WeightTransferError",
 ]
 
 
@@ -54,17 +52,6 @@ class InvalidRequestError(BackendError):
     def __init__(self, message: str, *, type: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.type = type
-
-
-class WeightLoadError(BackendError):
-    """A checkpoint that does not fit the served model (missing, unexpected or misshaped)."""
-
-
-class WeightTransferError(WeightLoadError):
-    """Weights granted by the trainer did not arrive (it stopped answering, or dropped this
-    replica after its timeout); the live weights and version are unchanged."""
-
-    type = "weight_transfer_failed"
 
 
 class EngineClosedError(BackendError):

@@ -46,9 +46,10 @@ from workers.llm.contract import (
     ReplicaStatus,
     UpdateWeightsRequest,
 )
-from workers.llm.replicas.exceptions import UpstreamError, WeightTransferError
+from workers.llm.replicas.exceptions import UpstreamError
 from workers.llm.replicas.upstream import UPSTREAM_ERRORS, Upstream
 from workers.metrics import ReplicaCounters, render_replica_metrics
+from workers.weights.exceptions import WeightTransferError
 
 __all__ = ["GatedAdapter", "InFlight", "dropped_response", "error_response"]
 

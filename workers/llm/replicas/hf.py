@@ -49,9 +49,10 @@ from workers.llm.contract import (
     ReplicaStatus,
     UpdateWeightsRequest,
 )
-from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError, WeightLoadError
+from workers.llm.replicas.exceptions import EngineClosedError, InvalidRequestError
 from workers.llm.replicas.status_routes import add_status_routes
 from workers.metrics import ReplicaCounters, replica_families
+from workers.weights.exceptions import WeightLoadError
 
 if TYPE_CHECKING:
     from workers.llm.replicas.hf_engine import GenerationResult, HFEngine, HFEngineConfig
@@ -213,7 +214,7 @@ async def _update_weights(request: web.Request) -> web.Response:
     if state["role"] != "policy":
         raise web.HTTPConflict(reason=f"a {state['role']} replica takes no policy weights")
     if req.transfer is not None:  # the trainer's grant: receive over its group
-        from workers.llm.replicas.weight_receiver import receive_checked
+        from workers.weights.grants import receive_checked
 
         grant, pool = req.transfer, state.setdefault("receive_buffers", [])
         timings = await engine.load_weights(

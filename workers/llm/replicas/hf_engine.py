@@ -42,7 +42,6 @@ import torch
 
 from schemas.media import ImageRef
 from workers.llm.contract import SamplingParams
-from workers.llm.replicas import weights
 from workers.llm.replicas.exceptions import BackendError, EngineClosedError, InvalidRequestError
 from workers.llm.replicas.hf_config import EngineStats, HFEngineConfig
 from workers.llm.replicas.hf_images import ImageInputs, load_model, plain_image_tokens
@@ -51,6 +50,7 @@ from workers.llm.replicas.prefix_cache import KV, PrefixCache
 from workers.llm.replicas.router_tap import RouterTap, capture
 from workers.llm.replicas.sampling import sample_batch
 from workers.llm.replicas.sequence import EngineSequence, GenerationResult
+from workers.weights import load as weights
 
 __all__ = ["EngineStats", "GenerationResult", "HFEngine", "HFEngineConfig"]
 

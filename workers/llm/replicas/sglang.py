@@ -98,7 +98,7 @@ async def serve_async(config: SGLangReplicaConfig) -> int:
     if config.await_weights:
         raise BackendUnavailableError(
             "sglang",
-            "it loads weights from disk only; trainer.weight_transfer=broadcast needs hf or vllm",
+            "it loads weights from disk only; weights.mode=broadcast needs hf or vllm",
         )
     if config.dtype_reason:
         print(f"rollout: SGLang serves in {config.dtype} ({config.dtype_reason})", file=sys.stderr)

@@ -20,7 +20,6 @@ import uuid
 from typing import Any
 
 from workers.llm.contract import CompletionRequest, CompletionResponse
-from workers.llm.replicas.exceptions import WeightTransferError
 from workers.llm.replicas.gated_adapter import GatedAdapter, InFlight
 from workers.llm.replicas.upstream import UPSTREAM_ERRORS
 from workers.llm.replicas.vllm_mapping import (
@@ -38,6 +37,7 @@ from workers.llm.replicas.vllm_mapping import (
     to_vllm_generate,
 )
 from workers.llm.replicas.vllm_upstream import VLLMUpstream, VLLMUpstreamError
+from workers.weights.exceptions import WeightTransferError
 
 __all__ = ["VLLMAdapter"]
 

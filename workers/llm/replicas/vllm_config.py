@@ -15,7 +15,7 @@ builds it — else this interpreter). The child gets what the contract needs:
   `/reset_prefix_cache` and `/collective_rpc`;
 - `--skip-tokenizer-init` when the model directory has no tokenizer (token ids in and out need
   none; the adapter asks for `return_tokens_as_token_ids`);
-- `--worker-extension-cls workers.llm.replicas.vllm_worker.WeightSync`, the weight loader the
+- `--worker-extension-cls workers.weights.vllm_worker.WeightSync`, the weight loader the
   adapter calls (it fixes vLLM's in-place reload for tied embeddings), importable in the child
   because this checkout's root is put first on its PYTHONPATH;
 - `--enable-scale-out` for a vision-language model (`vision_config` in its config.json): its
@@ -50,7 +50,7 @@ from workers.llm.replicas.served_config import (
     has_tokenizer,
     resolve_python,
 )
-from workers.transfer.protocol import NCCL_SHARED_ENV
+from workers.weights.protocol import NCCL_SHARED_ENV
 
 __all__ = [
     "MANAGED_FLAGS",
@@ -81,7 +81,7 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
         "--enable-return-routed-experts",
     }
 )
-WORKER_EXTENSION = "workers.llm.replicas.vllm_worker.WeightSync"
+WORKER_EXTENSION = "workers.weights.vllm_worker.WeightSync"
 LOGPROBS_MODE = "processed_logprobs"
 DEFAULT_VLLM_VENV = REPO_ROOT / ".venv-vllm"
 

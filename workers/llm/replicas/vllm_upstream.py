@@ -9,7 +9,7 @@ the adapter can fall back (older vLLM, or dev mode off). Endpoints used, all und
 `GET /server_info` (the resolved config, read once for the replica's capacity).
 
 Weight reload from disk goes through `collective_rpc` to the project's worker extension
-(`workers.llm.replicas.vllm_worker.WeightSync`, which the launcher always installs):
+(`workers.weights.vllm_worker.WeightSync`, which the launcher always installs):
 `rollout_load_weights(weights_path=...)`, vLLM's in-place `reload_weights` plus the tied-head
 fix explained there; broadcast weights through `rollout_receive_weights(grant=...)`. There is
 deliberately no fallback to a bare `reload_weights`: on a model with tied embeddings it would
@@ -29,7 +29,7 @@ __all__ = ["RECEIVE_METHOD", "UPSTREAM_ERRORS", "WEIGHT_SYNC_METHOD", "VLLMUpstr
 logger = logging.getLogger("rollout.replica.vllm")
 
 WEIGHT_SYNC_METHOD = "rollout_load_weights"  # WeightSync's method, called by name
-RECEIVE_METHOD = "rollout_receive_weights"  # its broadcast twin (`trainer.weight_transfer`)
+RECEIVE_METHOD = "rollout_receive_weights"  # its broadcast twin (`weights.mode`)
 
 
 class VLLMUpstream(Upstream):

@@ -39,7 +39,7 @@ def test_hf_flags_are_the_hf_serve_options_with_its_defaults() -> None:
         "max_model_len": 512,
         "served_model_name": "tiny",
         "role": "policy",
-        "await_weights": False,  # trainer.weight_transfer=broadcast makes it True
+        "await_weights": False,  # weights.mode=broadcast makes it True
         "dtype": "float32",  # --dtype bfloat16: it serves (and receives broadcasts) in bf16
     }
     serve = inspect.signature(hf.serve).parameters

@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.trainer.checkpoint import (
+from workers.trainer.config import TrainerConfig
+from workers.trainer.consumer import Item
+from workers.trainer.exceptions import CheckpointError
+from workers.trainer.ledger import DedupWindow, Pending, apply_entries
+from workers.trainer.steplog import effective_steps, effective_trajectory_ids
+from workers.weights.checkpoint import (
     TrainerState,
     load_latest,
     prune,
     save_checkpoint,
     update_state,
 )
-from workers.trainer.config import TrainerConfig
-from workers.trainer.consumer import Item
-from workers.trainer.exceptions import CheckpointError
-from workers.trainer.ledger import DedupWindow, Pending, apply_entries
-from workers.trainer.steplog import effective_steps, effective_trajectory_ids
 
 
 def _item(partition: int, offset: int, samples: int = 2) -> Item:
@@ -133,7 +133,7 @@ def test_trainer_package_imports_without_torch() -> None:
 
     code = (
         "import sys, workers.trainer, workers.trainer.config, workers.trainer.consumer,"
-        " workers.llm.replicas.sync, workers.trainer.checkpoint, workers.trainer.ledger;"
+        " workers.weights.sync, workers.weights.checkpoint, workers.trainer.ledger;"
         "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -369,7 +369,7 @@ def test_command_line_for_tp_dp_pp(tmp_path: Path) -> None:
     assert _flag(cmd, "--max-logprobs") == "1"
     assert "--enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert "--skip-tokenizer-init" not in cmd
-    assert _flag(cmd, "--worker-extension-cls") == "workers.llm.replicas.vllm_worker.WeightSync"
+    assert _flag(cmd, "--worker-extension-cls") == "workers.weights.vllm_worker.WeightSync"
     assert _flag(cmd, "--logprobs-mode") == "processed_logprobs"
     assert cmd[-2:] == ["--kv-cache-dtype", "fp8"]
 
@@ -441,7 +441,7 @@ def test_the_worker_extension_imports_without_the_project_dependencies() -> None
         "        if name.split('.')[0] in {'orjson', 'kafka', 'schemas', 'pydantic', 'aiohttp'}:\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import workers.llm.replicas.vllm_worker as m\n"
+        "import workers.weights.vllm_worker as m\n"
         "print(m.WeightSync.rollout_load_weights.__name__)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

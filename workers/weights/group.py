@@ -54,7 +54,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from workers.transfer.protocol import NCCL_SHARED_ENV
+from workers.weights.protocol import NCCL_SHARED_ENV
 
 __all__ = [
     "Backend",

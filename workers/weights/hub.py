@@ -2,10 +2,10 @@
 
 `TransferHub(host=..., port=..., session=..., timeout_s=..., bucket_bytes=...)` starts the
 store (port 0: a free one; `address` is what to announce). `pending(version)` reads the
-standing wants (`workers.transfer.protocol`), `send(tensors, version, wants)` runs one
+standing wants (`workers.weights.protocol`), `send(tensors, version, wants)` runs one
 transfer to them and returns a `TransferReport`, `close()` stops the store.
 
-One transfer: the wants are sorted into lanes (`workers.transfer.send.Lane`: the backend the
+One transfer: the wants are sorted into lanes (`workers.weights.send.Lane`: the backend the
 replica takes and the dtype it serves), each lane's buckets are planned and its manifest
 published, every want is granted; then each lane is packed bucket by bucket (gloo's buffers
 kept for the next transfer) while one thread per replica waits for that replica's ranks to
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.transfer.exceptions import TransferError
-from workers.transfer.group import Backend, nccl_environment, nccl_settings
-from workers.transfer.protocol import (
+from workers.weights.exceptions import TransferError
+from workers.weights.group import Backend, nccl_environment, nccl_settings
+from workers.weights.protocol import (
     MEMBERS,
     NCCL_SHARED_ENV,
     Grant,
@@ -56,7 +56,7 @@ from workers.transfer.protocol import (
     manifest_key,
     want_key,
 )
-from workers.transfer.send import Lane, NotJoined, brief, serve
+from workers.weights.send import Lane, NotJoined, brief, serve
 
 __all__ = ["TransferHub", "TransferReport", "unique_tensors"]
 

@@ -1,6 +1,6 @@
 """Code that runs *inside* vLLM's worker processes: the weight-sync extension.
 
-`vllm serve --worker-extension-cls workers.llm.replicas.vllm_worker.WeightSync` mixes
+`vllm serve --worker-extension-cls workers.weights.vllm_worker.WeightSync` mixes
 `WeightSync` into vLLM's worker class, and the adapter calls its method over HTTP:
 `POST /collective_rpc {"method": "rollout_load_weights", "kwargs": {"weights_path": DIR}}`.
 Every worker (TP/PP ranks, DP engines) loads the checkpoint and answers one JSON object.
@@ -21,9 +21,9 @@ processed, and are right. So after the reload this extension processes again eve
 unquantized embedding-style layer whose weight is shared with another module (the tied
 head): on CPUs that repacks the new weight, on GPUs the method does nothing.
 
-Broadcast weights (`trainer.weight_transfer: broadcast`): `rollout_receive_weights(grant)`
+Broadcast weights (`weights.mode: broadcast`): `rollout_receive_weights(grant)`
 receives the trainer's transfer over the group its grant names (gloo, or NCCL into the
-worker's GPU; `workers.transfer.receive.receive_buckets`, torch and the standard library only,
+worker's GPU; `workers.weights.receive.receive_buckets`, torch and the standard library only,
 as this module) and loads it bucket by bucket into the live weights: the received tensors are
 the weights iterator of vLLM's own reload, so the next bucket is received only when the reload
 asks for it and a bucket is dropped once loaded. The extra memory is the bucket being received
@@ -45,7 +45,7 @@ when the transfer did not arrive: with `received: 0` when nothing was loaded (th
 weights are whole), with `partial: true` when it failed after loading began (the layers not
 reached keep their old tensors: the model is neither version, and the adapter serves nothing
 until the next load). Any other exception propagates to `/collective_rpc` as an HTTP error.
-This module imports only torch, vllm and `workers.transfer`, and only inside the worker (never
+This module imports only torch, vllm and `workers.weights`, and only inside the worker (never
 in the adapter or the trainer).
 """
 
@@ -86,7 +86,7 @@ class WeightSync:
         (module docstring); each worker takes its own rank of the group (its index across
         data-parallel engines, as vLLM's NCCL weight transfer numbers them). Nothing is loaded
         before the first bucket has arrived."""
-        from workers.transfer.receive import receive_buckets
+        from workers.weights.receive import receive_buckets
 
         parallel = getattr(self, "parallel_config", None)
         index = 0

@@ -1,6 +1,6 @@
-"""Publishing by broadcast (`trainer.weight_transfer: broadcast`): the trainer's transfers.
+"""Publishing by broadcast (`weights.mode: broadcast`): the trainer's transfers.
 
-`BroadcastPublisher(config, session)` starts the trainer's `workers.transfer.hub.TransferHub`;
+`BroadcastPublisher(config, session)` starts the trainer's `workers.weights.hub.TransferHub`;
 the trainer puts `announcement` on every `PolicyVersion` it publishes (Kafka stays the control
 plane: versions, counts and staleness are as with checkpoints) and then:
 
@@ -27,9 +27,9 @@ import time
 from typing import Any
 
 from schemas.events import WeightTransfer
-from workers.trainer.exceptions import TrainerError
-from workers.transfer.config import WeightTransferConfig
-from workers.transfer.hub import TransferHub, TransferReport, unique_tensors
+from workers.weights.config import WeightsConfig
+from workers.weights.exceptions import WeightsError
+from workers.weights.hub import TransferHub, TransferReport, unique_tensors
 
 __all__ = ["BroadcastPublisher"]
 
@@ -41,13 +41,13 @@ GRACE_S = 10.0  # at a stop, how long a replica loading an older version has to 
 class BroadcastPublisher:
     """The trainer's side of `broadcast`; see the module docstring."""
 
-    def __init__(self, config: WeightTransferConfig, *, session: str) -> None:
+    def __init__(self, config: WeightsConfig, *, session: str) -> None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise TrainerError(
-                "trainer.weight_transfer=broadcast runs with one trainer process; "
-                "with nproc > 1 use weight_transfer=disk"
+            raise WeightsError(
+                "weights.mode=broadcast runs with one trainer process; "
+                "with nproc > 1 use weights.mode=disk"
             )
         self.config = config
         self.hub = TransferHub(

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers.trainer.exceptions import CheckpointError
+from workers.weights.exceptions import CheckpointError
 
 if TYPE_CHECKING:
     import torch

@@ -1,8 +1,11 @@
-"""`WeightTransferConfig`: how weights travel when `trainer.weight_transfer` is `broadcast`.
+"""`WeightsConfig`: the run's `weights:` section, how a policy reaches the replicas.
 
-The run's `weight_transfer:` section. The trainer reads all of it; replicas read none of it:
-what they need (address, group, timeout, backend) comes in the grant the trainer writes, so a
-replica never disagrees with the trainer's settings. Imports no torch.
+`mode` chooses the way (`disk`: checkpoints the replicas read; `broadcast`: a process group
+from the trainer); the rest are the broadcast way's parameters. The trainer (and
+`PolicyPublisher`) reads all of it; a replica reads only `mode` (whether to wait for broadcast
+weights before serving): what else it needs (address, group, timeout, backend) comes in the
+grant the trainer writes, so a replica never disagrees with the trainer's settings. Imports
+no torch.
 """
 
 from __future__ import annotations
@@ -11,14 +14,23 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["WeightTransferConfig"]
+__all__ = ["WeightsConfig"]
 
 
-class WeightTransferConfig(BaseModel):
-    """The run's `weight_transfer` section: how weights travel when `trainer.weight_transfer`
-    is `broadcast`. The trainer reads it; a replica gets what it needs in each grant."""
+class WeightsConfig(BaseModel):
+    """The run's `weights` section: the way new weights reach the replicas, and the broadcast
+    way's parameters. The trainer reads it; a replica gets what it needs in each grant."""
 
     model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["disk", "broadcast"] = Field(
+        default="disk",
+        description="How new weights reach the replicas. disk: each sync writes a checkpoint "
+        "and replicas load it (`trainer.checkpoint_dir` must be storage every replica sees). "
+        "broadcast: they come over a process group from the trainer (the parameters below), "
+        "no shared disk needed; replicas start serving only once they hold the trainer's "
+        "weights; one trainer process (trainer.nproc 1).",
+    )
 
     host: str = Field(
         default="127.0.0.1",
@@ -62,5 +74,5 @@ class WeightTransferConfig(BaseModel):
         default="gloo",
         description="gloo (CPU tensors; any replica) or nccl (a GPU trainer to replicas that "
         "say they take it, vLLM's GPU workers; the others, hf, get the same version over gloo). "
-        "NCCL groups raise instead of hanging or ending the process (workers/transfer/group.py).",
+        "NCCL groups raise instead of hanging or ending the process (workers/weights/group.py).",
     )

@@ -1,4 +1,4 @@
-"""`workers.transfer.protocol`: wants and grants are JSON, read back checked."""
+"""`workers.weights.protocol`: wants and grants are JSON, read back checked."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workers.transfer.protocol import Grant, Want
+from workers.weights.protocol import Grant, Want
 
 
 def _grant(**change: object) -> dict:

@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workers.transfer.group import store_client
-from workers.transfer.hub import TransferHub, unique_tensors
-from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, want_key
-from workers.transfer.receive import receive
+from workers.weights.group import store_client
+from workers.weights.hub import TransferHub, unique_tensors
+from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
+from workers.weights.receive import receive
 
 TIMEOUT_S = 3.0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from workers.llm.replicas.exceptions import WeightLoadError
+from workers.weights.exceptions import WeightLoadError
 
 __all__ = ["check_state", "copy_into", "read_checkpoint", "targets"]
 

@@ -8,7 +8,7 @@
             publisher.publish(model, step)        # weights out, version on rl.policy
 
 What the project's own trainer does after a step, for any trainer: the weights travel by the
-run's weight transfer (`trainer.weight_transfer`), and the version is published on the policy
+run's weight transfer (`weights.mode`), and the version is published on the policy
 topic (`PolicyVersion`, acknowledged), so every replica's sync controller loads it and the
 staleness gate, the replay stage and `rollout status` follow the version as they follow the
 project's trainer.
@@ -18,7 +18,7 @@ project's trainer.
   pointer; the newest `keep` kept) and the version names that directory, which every replica
   must be able to read. A directory given instead of weights is published as it is.
 - `broadcast`: the weights go from this process's memory to every replica that asks, over a
-  process group (`weight_transfer.*`, gloo on CPU, NCCL on GPUs; `workers.transfer`); no disk.
+  process group (`weights.*`, gloo on CPU, NCCL on GPUs; `workers.weights`); no disk.
   Replicas started for broadcast serve nothing until they hold weights, so publish the weights
   you start from first (version 0, or the version you resume at). The publisher keeps a copy
   of the last version's tensors (one model's worth of memory, on their device) and a thread
@@ -47,11 +47,11 @@ from schemas.codec import encode, headers_for
 from schemas.events import POLICY_KEY, PolicyVersion
 from workers.kafka.clients import make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.trainer.exceptions import PublishError, TrainerError
-from workers.transfer.config import WeightTransferConfig
+from workers.weights.config import WeightsConfig
+from workers.weights.exceptions import PublishError, WeightsError
 
 if TYPE_CHECKING:
-    from workers.trainer.broadcast import BroadcastPublisher
+    from workers.weights.broadcast import BroadcastPublisher
 
 __all__ = ["PolicyPublisher", "send_policy_version"]
 
@@ -92,18 +92,16 @@ class PolicyPublisher:
         kafka: KafkaConfig,
         topics: TopicsConfig,
         *,
-        weight_transfer: Mode = "disk",
-        transfer: WeightTransferConfig | None = None,
+        mode: Mode = "disk",
+        transfer: WeightsConfig | None = None,
         checkpoint_dir: str | Path = "checkpoints",
         tokenizer_from: str | Path | None = None,
         keep: int = 3,
     ) -> None:
-        if weight_transfer not in ("disk", "checkpoint", "broadcast"):
-            raise TrainerError(
-                f"weight_transfer {weight_transfer!r}: one of disk (checkpoint) or broadcast"
-            )
+        if mode not in ("disk", "checkpoint", "broadcast"):
+            raise WeightsError(f"mode {mode!r}: one of disk (checkpoint) or broadcast")
         self.topics = topics
-        self.mode: Mode = "disk" if weight_transfer == "checkpoint" else weight_transfer
+        self.mode: Mode = "disk" if mode == "checkpoint" else mode
         self.root = Path(checkpoint_dir).resolve()
         self.tokenizer_from = Path(tokenizer_from) if tokenizer_from is not None else None
         self.keep = keep
@@ -115,12 +113,10 @@ class PolicyPublisher:
         self._closing = threading.Event()
         self._server: threading.Thread | None = None
         if self.mode == "broadcast":
-            from workers.trainer.broadcast import BroadcastPublisher
+            from workers.weights.broadcast import BroadcastPublisher
 
             session = f"publisher-{uuid.uuid4().hex[:12]}"
-            self._broadcast = BroadcastPublisher(
-                transfer or WeightTransferConfig(), session=session
-            )
+            self._broadcast = BroadcastPublisher(transfer or WeightsConfig(), session=session)
 
     @classmethod
     def from_config(
@@ -130,8 +126,8 @@ class PolicyPublisher:
         and checkpoint directory; the tokenizer from `trainer.model_dir` unless given."""
         tokenizer = tokenizer_from or cfg.trainer.model_dir or None
         settings: dict[str, Any] = {
-            "weight_transfer": cfg.trainer.weight_transfer,
-            "transfer": cfg.weight_transfer,
+            "mode": cfg.weights.mode,
+            "transfer": cfg.weights,
             "checkpoint_dir": cfg.trainer.checkpoint_dir,
             "tokenizer_from": tokenizer,
             "keep": cfg.trainer.keep_checkpoints,
@@ -154,7 +150,7 @@ class PolicyPublisher:
     ) -> PolicyVersion:
         """Send `weights` as `version` and publish it on the policy topic (acknowledged)."""
         if version < 0 or (self.version is not None and version <= self.version):
-            raise TrainerError(f"version {version}: versions grow (last published: {self.version})")
+            raise WeightsError(f"version {version}: versions grow (last published: {self.version})")
         path = ""
         if self.mode == "disk":
             path = str(self._write(weights, version))
@@ -208,12 +204,12 @@ class PolicyPublisher:
     def _write(self, weights: Any, version: int) -> Path:
         """`step-<version>/` under `checkpoint_dir` with `latest` naming it; a directory given
         as the weights is returned as it is."""
-        from workers.trainer.checkpoint import TrainerState, prune, save_checkpoint
+        from workers.weights.checkpoint import TrainerState, prune, save_checkpoint
 
         if isinstance(weights, str | Path):
             return _model_dir(weights)
         if self.tokenizer_from is None:
-            raise TrainerError(
+            raise WeightsError(
                 "publishing weights by checkpoint needs tokenizer_from (a model dir)"
             )
         state = TrainerState(version=version, source_model=str(self.tokenizer_from))
@@ -234,7 +230,7 @@ class _Saved:
     def save_pretrained(self, directory: str, safe_serialization: bool = True) -> None:
         from safetensors.torch import save_file
 
-        from workers.transfer.hub import unique_tensors
+        from workers.weights.hub import unique_tensors
 
         tensors = {k: v.detach().contiguous().cpu() for k, v in unique_tensors(self.tensors)}
         save_file(tensors, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
@@ -246,7 +242,7 @@ class _Saved:
 def _model_dir(path: str | Path) -> Path:
     directory = Path(path).resolve()
     if not (directory / "config.json").is_file():
-        raise TrainerError(f"{directory} is not a saved model (no config.json)")
+        raise WeightsError(f"{directory} is not a saved model (no config.json)")
     return directory
 
 
@@ -261,7 +257,7 @@ def _as_model(weights: Any) -> Any:
 
     files = sorted(_model_dir(weights).glob("*.safetensors"))
     if not files:
-        raise TrainerError(f"{weights} holds no .safetensors weights to broadcast")
+        raise WeightsError(f"{weights} holds no .safetensors weights to broadcast")
     tensors: dict[str, Any] = {}
     for file in files:
         tensors.update(load_file(str(file)))

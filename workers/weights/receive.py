@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.transfer.buckets import unpack
-from workers.transfer.group import (
+from workers.weights.buckets import unpack
+from workers.weights.group import (
     broadcast,
     close_group,
     local_address,
@@ -46,7 +46,7 @@ from workers.transfer.group import (
     split_address,
     store_client,
 )
-from workers.transfer.protocol import Grant, bucket_key, joined_key, order_key, received_key
+from workers.weights.protocol import Grant, bucket_key, joined_key, order_key, received_key
 
 __all__ = ["receive", "receive_buckets"]
 

@@ -8,10 +8,10 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from workers.trainer.broadcast import BroadcastPublisher
-from workers.transfer.config import WeightTransferConfig
-from workers.transfer.group import store_client
-from workers.transfer.protocol import MEMBERS, Want, want_key
+from workers.weights.broadcast import BroadcastPublisher
+from workers.weights.config import WeightsConfig
+from workers.weights.group import store_client
+from workers.weights.protocol import MEMBERS, Want, want_key
 
 
 class Model(torch.nn.Module):
@@ -21,7 +21,7 @@ class Model(torch.nn.Module):
 
 
 def test_a_replica_that_did_not_join_gets_the_next_version_the_checkpoint_way() -> None:
-    config = WeightTransferConfig(timeout_s=0.5, checkpoint_every=10)
+    config = WeightsConfig(timeout_s=0.5, checkpoint_every=10)
     publisher = BroadcastPublisher(config, session=uuid.uuid4().hex[:8])
     hub = publisher.hub
     try:

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.transfer.buckets import alone, as_dtype, pack, plan
-from workers.transfer.group import Backend, broadcast, close_group, open_group, settle, store_client
-from workers.transfer.protocol import Grant, joined_key, received_key
+from workers.weights.buckets import alone, as_dtype, pack, plan
+from workers.weights.group import Backend, broadcast, close_group, open_group, settle, store_client
+from workers.weights.protocol import Grant, joined_key, received_key
 
 __all__ = ["Lane", "NotJoined", "brief", "serve"]
 

@@ -10,7 +10,7 @@ newer than what the replica serves (its `/health` version) posts `{path, version
 replica's `/update_weights`, which by the replica contract pauses (aborting in-flight
 requests, which the LLM client resumes transparently), loads, sets the version and resumes.
 
-With `trainer.weight_transfer: broadcast` the newest `PolicyVersion` carries the trainer's
+With `weights.mode: broadcast` the newest `PolicyVersion` carries the trainer's
 rendezvous (`transfer`): the controller keeps one want standing at the trainer's store
 (`weight_receiver.GrantClient`) and posts each grant that answers it to the replica
 (`{version, transfer}`); the replica receives over the trainer's group, loads, and answers.
@@ -53,8 +53,8 @@ from schemas.events import PolicyVersion
 from workers.kafka.admin import topic_partitions
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import TopicFollower
-from workers.llm.replicas.weight_receiver import GrantClient
 from workers.metrics import StageMetrics
+from workers.weights.grants import GrantClient
 
 __all__ = ["ReplicaSync", "SyncError", "run_controller"]
 

@@ -1,4 +1,4 @@
-"""`workers.transfer.buckets`: tensors into flat byte buckets and back, bit for bit."""
+"""`workers.weights.buckets`: tensors into flat byte buckets and back, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from workers.transfer.buckets import ALIGN, alone, pack, plan, unpack
+from workers.weights.buckets import ALIGN, alone, pack, plan, unpack
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from workers.llm.replicas import weights  # noqa: E402
-from workers.llm.replicas.exceptions import WeightLoadError  # noqa: E402
+from workers.weights import load as weights  # noqa: E402
+from workers.weights.exceptions import WeightLoadError  # noqa: E402
 
 
 def tiny_moe(seed: int) -> torch.nn.Module:

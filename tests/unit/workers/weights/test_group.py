@@ -21,11 +21,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workers.transfer import group as group_module
-from workers.transfer.group import nccl_options, open_group, store_client
-from workers.transfer.hub import TransferHub
-from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, joined_key, want_key
-from workers.transfer.receive import receive, receive_buckets
+from workers.weights import group as group_module
+from workers.weights.group import nccl_options, open_group, store_client
+from workers.weights.hub import TransferHub
+from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, joined_key, want_key
+from workers.weights.receive import receive, receive_buckets
 
 SETTINGS = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_CUMEM_ENABLE")
 

@@ -1,6 +1,6 @@
-"""The receiving side of broadcast weights (`trainer.weight_transfer: broadcast`).
+"""The receiving side of broadcast weights (`weights.mode: broadcast`).
 
-Two parts, one per process (`workers.transfer.protocol` has the rendezvous):
+Two parts, one per process (`workers.weights.protocol` has the rendezvous):
 
 - `GrantClient`, in a replica's sync controller: connects to the trainer's store announced on
   `rl.policy`, keeps one want standing for its replica (the version it serves, its receiving
@@ -21,8 +21,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from schemas.events import WeightTransfer
-from workers.llm.replicas.exceptions import WeightLoadError, WeightTransferError
-from workers.transfer.protocol import MEMBERS, Grant, Want, grant_key, want_key
+from workers.weights.exceptions import WeightLoadError, WeightTransferError
+from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +39,8 @@ def receive_checked(
 ) -> dict[str, torch.Tensor]:
     """The granted weights, checked against the model's tensors `live` (module docstring);
     `pool`: the replica's receive buffers, kept from one transfer to the next."""
-    from workers.llm.replicas.weights import check_state
-    from workers.transfer.receive import receive
+    from workers.weights.load import check_state
+    from workers.weights.receive import receive
 
     try:
         if Grant.loads(grant).backend != "gloo":
@@ -68,7 +68,7 @@ class GrantClient:
             return
         import torch.distributed as dist
 
-        from workers.transfer.group import store_client
+        from workers.weights.group import store_client
 
         self.close()
         client = store_client(transfer.address, CONNECT_TIMEOUT_S)

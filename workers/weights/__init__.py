@@ -12,7 +12,7 @@ group formed for one transfer. The pieces, lowest first:
     protocol.py   the rendezvous: store keys, wants and grants (stdlib only)
     send.py       the trainer's side of one replica's transfer, and the lanes it sends from
     hub.py        the trainer's side: the store, who gets the next transfer, the sends
-    config.py     `WeightTransferConfig` (no torch)
+    config.py     `WeightsConfig` (no torch)
 
 Importing this package imports nothing.
 """
