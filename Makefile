@@ -86,7 +86,7 @@ vllm:
 SGLANG_VENV ?= .venv-sglang
 sglang: install
 	infra/sglang/install.sh $(SGLANG_VENV)
-	$(PY) -m pytest -q -m sglang tests/unit/workers/llm/replicas/test_sglang_mapping.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m sglang tests/unit/workers/llm/engines/test_sglang_mapping.py $(PYTEST_ARGS)
 
 # Tests marked `vllm` (left out of `make test`): real vLLM replicas on CPU, started through
 # `rollout replica serve --backend vllm`. Builds .venv-vllm first when it is missing or stale.

@@ -33,7 +33,7 @@ from pydantic_settings import (
 from schemas.errors import RolloutError
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.llm.replicas.vllm_config import VLLMLaunchConfig
+from workers.llm.engines.vllm.config import VLLMLaunchConfig
 from workers.media.config import MediaConfig
 from workers.replay.config import ReplayConfig
 from workers.reward.config import RewardConfig

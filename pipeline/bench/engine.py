@@ -38,7 +38,7 @@ async def _run(
     model_dir: Path, concurrency: int, max_tokens: int, prompt_len: int, threads: int, seed: int
 ) -> dict[str, Any]:
     from workers.llm.contract import SamplingParams
-    from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
+    from workers.llm.engines.hf.engine import HFEngine, HFEngineConfig
 
     engine = HFEngine(model_dir, HFEngineConfig(threads=threads, prefix_cache_tokens=0))
     try:

@@ -88,7 +88,7 @@ async def _rate(
     seed: int,
 ) -> float:
     from workers.llm.contract import SamplingParams
-    from workers.llm.replicas.hf_engine import HFEngine, HFEngineConfig
+    from workers.llm.engines.hf.engine import HFEngine, HFEngineConfig
 
     engine = HFEngine(
         model_dir, HFEngineConfig(threads=threads, max_batch=rows, prefix_cache_tokens=0)

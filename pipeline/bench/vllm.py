@@ -204,7 +204,7 @@ def run(
     from pipeline.bench.common import bench_broker, interleaved, paired_ratio, rates, tiny_model
     from workers.agent_loop.config import AgentLoopWorkerConfig
     from workers.llm.contract import CompletionRequest, SamplingParams
-    from workers.llm.replicas.vllm_mapping import to_vllm_completion
+    from workers.llm.engines.vllm.mapping import to_vllm_completion
 
     logs = Path(log_dir or tempfile.mkdtemp(prefix="rollout-bench-vllm-"))
     logs.mkdir(parents=True, exist_ok=True)

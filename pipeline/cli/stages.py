@@ -18,8 +18,8 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     import socket
 
     from schemas.events import ReplicaInfo
-    from workers.llm.replicas import get_backend
-    from workers.llm.replicas.registration import ReplicaRegistration
+    from workers.llm.engines import get_backend
+    from workers.llm.engines.registration import ReplicaRegistration
 
     # Everything a user can get wrong is checked before the backend (torch, vLLM) imports.
     if args.backend == "hf" or Path(args.model).expanduser().exists():
@@ -345,7 +345,7 @@ def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    from workers.llm.replicas import backend_names  # names only: imports no backend
+    from workers.llm.engines import backend_names  # names only: imports no backend
 
     replica = sub.add_parser("replica", help="Inference replicas.")
     rsub = replica.add_subparsers(dest="action", required=True)

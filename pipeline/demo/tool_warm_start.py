@@ -153,7 +153,7 @@ def _loss(
     import torch
     from transformers import DynamicCache
 
-    from workers.llm.replicas.kv_batch import cache_kwarg
+    from workers.llm.engines.hf.kv_batch import cache_kwarg
 
     cache = DynamicCache()  # filled in place by the forward
     with torch.no_grad():

@@ -12,7 +12,7 @@ import inspect
 import warnings
 
 from workers.llm.contract import SamplingParams
-from workers.llm.replicas.hf_engine import HFEngine
+from workers.llm.engines.hf.engine import HFEngine
 
 
 async def test_prefill_decode_and_prefix_hits_use_the_supported_cache_argument(tiny_model) -> None:

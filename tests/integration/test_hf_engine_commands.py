@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from workers.llm.contract import SamplingParams
-from workers.llm.replicas.hf_engine import HFEngine
+from workers.llm.engines.hf.engine import HFEngine
 
 
 async def test_a_cancelled_command_is_skipped_and_the_engine_keeps_serving(tiny_model) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from workers.llm.contract import SamplingParams
-from workers.llm.replicas.hf_engine import HFEngine
+from workers.llm.engines.hf.engine import HFEngine
 
 
 async def test_a_request_in_prefill_counts_and_an_answered_one_does_not(tiny_model) -> None:

@@ -111,6 +111,23 @@ class CompletionRequest(SamplingParams):
             self.model_dump(include=set(SamplingParams.model_fields))
         )
 
+    def server_sampling(self) -> dict[str, Any]:
+        """This request's sampling as vLLM and SGLang both name it, every knob the contract
+        does not carry at its neutral value: one sequence, special tokens kept in the text."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": False,
+            "n": 1,
+        }
+
 
 class CompletionChoice(BaseModel):
     index: int = 0

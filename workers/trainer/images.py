@@ -2,7 +2,7 @@
 values of a batch rebuilt from its samples' image references (`schemas.media`).
 
 The replicas prefilled each image from its bytes with the model's image processor
-(`workers.llm.replicas.hf_images`); here the same bytes (read from the media store, or inline)
+(`workers.llm.engines.hf.images`); here the same bytes (read from the media store, or inline)
 go through the same processor, so the recomputed logprobs see the pixels the rollout saw.
 A group whose image the store no longer has (or cannot be decoded) is dead-lettered as it is
 collected (`BatchImages.check`, cause `image_missing` / `image_unreadable` / ...), and the rest
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import TrainingGroup
-from workers.llm.replicas.hf_images import load_model as load_policy
+from workers.llm.policy import load_model as load_policy
 from workers.media.config import MediaConfig
 from workers.media.exceptions import MediaError
 from workers.media.store import MediaStore, decode_image

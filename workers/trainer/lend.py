@@ -1,6 +1,6 @@
 """Hybrid lending: the idle trainer serves generation from its live policy, and takes it back.
 
-`Lender` runs an `hf` replica (`workers.llm.replicas.hf`) on the trainer's own model object
+`Lender` runs an `hf` replica (`workers.llm.engines.hf.server`) on the trainer's own model object
 (no copy, no weight sync: the replica's version *is* the trainer's) in a thread of the trainer
 process, with its own asyncio loop. The trainer calls `tend(ready, version, queued)` right
 after each step (before it publishes the new version) and while it collects a batch, and
@@ -245,8 +245,8 @@ class Lender:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=120)  # type: ignore[arg-type]
 
     async def _start(self, version: int) -> tuple[web.Application, str]:
-        from workers.llm.replicas.hf import create_app
-        from workers.llm.replicas.hf_engine import HFEngineConfig
+        from workers.llm.engines.hf.engine import HFEngineConfig
+        from workers.llm.engines.hf.server import create_app
 
         engine_config = HFEngineConfig(threads=self.threads, max_batch=self.config.max_batch)
         app = await create_app(
@@ -299,6 +299,6 @@ class Lender:
 
 def _app_key(name: str) -> Any:
     """The replica app's key (its engine, its state): the app is built by `hf.create_app`."""
-    from workers.llm.replicas import hf
+    from workers.llm.engines.hf import server as hf
 
     return getattr(hf, name)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from workers.llm.replicas.hf_images import image_token_id, plain_image_tokens
+from workers.llm.policy import image_token_id, plain_image_tokens
 from workers.trainer.attention import packed_attention
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.exceptions import TrainerError

@@ -12,9 +12,9 @@ import pytest
 from pipeline.cli.main import build_parser
 from pipeline.cli.stages import _backend_options
 from pipeline.config import RunConfig
-from workers.llm.replicas import hf
-from workers.llm.replicas.sglang_config import SGLangReplicaConfig, build_sglang_command
-from workers.llm.replicas.vllm_config import VLLMReplicaConfig, build_vllm_command
+from workers.llm.engines.hf import server as hf
+from workers.llm.engines.sglang.config import SGLangReplicaConfig, build_sglang_command
+from workers.llm.engines.vllm.config import VLLMReplicaConfig, build_vllm_command
 
 MOE_CONFIG = {"model_type": "qwen3_moe", "num_local_experts": 8, "num_experts_per_tok": 2}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from workers.llm.replicas.hf_config import HFEngineConfig
+from workers.llm.engines.hf.config import HFEngineConfig
 from workers.trainer.config import LendConfig, TrainerConfig
 from workers.trainer.lend import lend_action, reclaim_threshold
 
