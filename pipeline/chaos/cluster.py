@@ -230,7 +230,12 @@ class ProgressWatch:
                 try:
                     value = sum(consumer.end_offsets(tps).values())
                 except (KafkaError, OSError) as exc:
+                    # A fresh client: kafka-python 3.0.12 with a short request timeout kept
+                    # timing out on a broker that had been SIGSTOPped and resumed (its old
+                    # connection), sample after sample, while a new client was answered.
                     log.debug("progress of %s not read: %s", topic.names, exc)
+                    consumer.close()
+                    consumer = make_consumer(self._kafka, group_id=None, name="chaos-progress")
                     continue
                 now = time.monotonic()
                 if value > topic.value:
