@@ -215,35 +215,41 @@ class ProgressWatch:
 
     def _run(self, topic: _Topic) -> None:
         from kafka import TopicPartition
-        from kafka.errors import KafkaError
 
+        consumer: Any = None
+        tps: list[TopicPartition] = []
+        while not self._stop.wait(SAMPLE_S):
+            try:
+                if consumer is None:
+                    consumer = self._consumer()
+                    tps = [
+                        TopicPartition(name, p)
+                        for name in topic.names
+                        for p in sorted(consumer.partitions_for_topic(name) or ())
+                    ]
+                value = sum(consumer.end_offsets(tps).values())
+            except Exception as exc:
+                # A fresh client next time: kafka-python 3.0.12 with a short request timeout
+                # kept timing out on a broker that had been SIGSTOPped and resumed (its old
+                # connection), sample after sample, while a new client was answered; and a new
+                # client's bootstrap gives up on a frozen broker.
+                log.debug("progress of %s not read: %r", topic.names, exc)
+                if consumer is not None:
+                    consumer.close()
+                consumer = None
+                continue
+            now = time.monotonic()
+            if value > topic.value:
+                topic.grew.append(now)
+                topic.history.append((now, value))
+            topic.value, topic.seen = max(topic.value, value), now
+        if consumer is not None:
+            consumer.close()
+
+    def _consumer(self) -> Any:
         from workers.kafka.clients import make_consumer
 
-        consumer = make_consumer(self._kafka, group_id=None, name="chaos-progress")
-        try:
-            tps = [
-                TopicPartition(name, p)
-                for name in topic.names
-                for p in sorted(consumer.partitions_for_topic(name) or ())
-            ]
-            while not self._stop.wait(SAMPLE_S):
-                try:
-                    value = sum(consumer.end_offsets(tps).values())
-                except (KafkaError, OSError) as exc:
-                    # A fresh client: kafka-python 3.0.12 with a short request timeout kept
-                    # timing out on a broker that had been SIGSTOPped and resumed (its old
-                    # connection), sample after sample, while a new client was answered.
-                    log.debug("progress of %s not read: %s", topic.names, exc)
-                    consumer.close()
-                    consumer = make_consumer(self._kafka, group_id=None, name="chaos-progress")
-                    continue
-                now = time.monotonic()
-                if value > topic.value:
-                    topic.grew.append(now)
-                    topic.history.append((now, value))
-                topic.value, topic.seen = max(topic.value, value), now
-        finally:
-            consumer.close()
+        return make_consumer(self._kafka, group_id=None, name="chaos-progress")
 
 
 def broker_report(

@@ -179,6 +179,24 @@ def _generating(urls: list[str]) -> int:
 
 
 def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
+    """`_audit`, asked again for up to two minutes while a broker is down or frozen (a new
+    client's bootstrap can land on a SIGSTOPped broker and give up after 5 s)."""
+    from kafka.errors import KafkaError
+
+    from workers.kafka.exceptions import KafkaUnavailableError
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return _audit(cfg, expected, upto)
+        except (KafkaError, KafkaUnavailableError, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("chaos: audit failed (%r); again", exc)
+            time.sleep(1.0)
+
+
+def _audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
     from schemas.codec import decode_as
     from schemas.events import TrainingGroup
     from schemas.stale import describe_drop

@@ -257,3 +257,29 @@ def test_a_consumer_group_survives_its_coordinators_broker_dying(
     outputs = stage.outputs()
     assert len(outputs) == count, f"{count - len(outputs)} inputs without an output"
     assert sum(outputs.values()) == count, f"{sum(outputs.values()) - count} outputs twice"
+
+
+def test_new_clients_connect_while_a_broker_is_frozen(
+    whole_cluster: ClusterState, unique: Callable[[str], str]
+) -> None:
+    # A SIGSTOPped broker accepts TCP connections and never answers: a new client whose
+    # bootstrap tries it must still reach the other two. kafka-python picks the bootstrap
+    # server itself: without `_connect`'s one-by-one fallback one of 24 new clients (12
+    # turns) gave up after bootstrap_timeout_ms (5 s), before asking the live brokers.
+    turns = 4
+    from workers.kafka.clients import make_admin
+
+    kafka = whole_cluster.kafka()
+    topic = _topic(kafka, unique("frozen"))
+    signal_node(whole_cluster, 1, signal.SIGSTOP)
+    try:
+        for turn in range(turns):
+            started = time.monotonic()
+            make_admin(kafka).close()
+            producer = make_producer(kafka, name="frozen")
+            producer.send(topic, key=b"k", value=str(turn).encode()).get(timeout=120)
+            producer.close()
+            assert time.monotonic() - started < 90
+    finally:
+        signal_node(whole_cluster, 1, signal.SIGCONT)
+    assert sorted(int(r.value) for r in _read_all(kafka, topic)) == list(range(turns))

@@ -8,6 +8,9 @@ Every setting is derived here from `KafkaConfig`, one way for both libraries:
 - Connection and security (`connection_kwargs`, `aio_connection_kwargs`): the bootstrap
   servers, `request_timeout_ms`, SASL and TLS; kafka-python's clients also wait at most
   `bootstrap_timeout_ms` for their first broker.
+- kafka-python's clients connect as they are made; when that times out on a cluster, each
+  bootstrap server is tried alone (`_connect`): a frozen broker in the list must not keep a
+  new client from the live ones.
 - Producers are idempotent with `acks=all` (an output counts only once every in-sync replica
   has it), linger `LINGER_MS`, and send records as large as `max_request_size`. aiokafka's
   batch `BATCH_BYTES`: its 16 KiB default puts each trajectory or turn (10+ KB) in a batch
@@ -185,10 +188,8 @@ def make_producer(
         "allow_auto_create_topics": False,
     }
     kwargs.update(overrides)
-    try:
-        return KafkaProducer(**kwargs)
-    except KafkaError as exc:
-        raise _unavailable(config, "producer", exc) from exc
+    producer: KafkaProducer = _connect(KafkaProducer, (), kwargs, config, "producer")
+    return producer
 
 
 def make_consumer(
@@ -206,10 +207,8 @@ def make_consumer(
         "allow_auto_create_topics": False,
     }
     kwargs.update(overrides)
-    try:
-        return KafkaConsumer(*topics, **kwargs)
-    except KafkaError as exc:
-        raise _unavailable(config, "consumer", exc) from exc
+    consumer: KafkaConsumer = _connect(KafkaConsumer, topics, kwargs, config, "consumer")
+    return consumer
 
 
 def make_admin(config: KafkaConfig, *, name: str = "admin", **overrides: Any) -> KafkaAdminClient:
@@ -219,10 +218,30 @@ def make_admin(config: KafkaConfig, *, name: str = "admin", **overrides: Any) ->
         "client_id": f"{config.client_id}-{name}",
     }
     kwargs.update(overrides)
+    admin: KafkaAdminClient = _connect(KafkaAdminClient, (), kwargs, config, "admin client")
+    return admin
+
+
+def _connect(
+    factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], config: KafkaConfig, what: str
+) -> Any:
+    """`factory(*args, **kwargs)`, a kafka-python client that connects as it is made. If its
+    bootstrap times out and there are several servers, each is tried alone: a SIGSTOPped
+    (frozen) broker accepts the TCP connection but never answers, and kafka-python waited on it
+    for all of `bootstrap_timeout_ms` instead of asking the others."""
     try:
-        return KafkaAdminClient(**kwargs)
+        return factory(*args, **kwargs)
+    except KafkaTimeoutError as exc:
+        last: KafkaError = exc
+        servers = list(kwargs.get("bootstrap_servers") or [])
+        for server in servers if len(servers) > 1 else []:
+            try:
+                return factory(*args, **{**kwargs, "bootstrap_servers": [server]})
+            except KafkaError as again:
+                last = again
+        raise _unavailable(config, what, last) from last
     except KafkaError as exc:
-        raise _unavailable(config, "admin client", exc) from exc
+        raise _unavailable(config, what, exc) from exc
 
 
 def ack_wait_s(config: KafkaConfig) -> float:
