@@ -151,7 +151,11 @@ def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partit
             "min.insync.replicas": str(isr),
         }
         ensure_topics(kafka, [TopicLayout(name, partitions, replicas, configs)])
-        existing = topic_partitions(kafka, name)
+        # On a cluster a new topic reaches every broker's metadata a moment after the one
+        # that created it answered: a stage asked another broker and found none (it exited).
+        deadline = time.monotonic() + 30
+        while (existing := topic_partitions(kafka, name)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
     if existing != partitions:
         raise RolloutError(
             f"changelog topic {name} has {existing} partitions, its source topic {partitions}"
