@@ -75,7 +75,6 @@ def _batch(groups: int, n: int, response_tokens: int, seed: int) -> Any:
     """The demo-shaped batch `rollout bench fsdp` trains: prompts of ~30 tokens, responses of
     `response_tokens` // 2 to `response_tokens`, behaviour logprobs -2."""
     from schemas.advantages import grpo_advantages
-    from schemas.events import ExtraFields, ScoredTrajectory
     from workers.trainer.batching import collate
 
     rng = random.Random(seed)
@@ -84,24 +83,37 @@ def _batch(groups: int, n: int, response_tokens: int, seed: int) -> Any:
         prompt = [rng.randrange(10, 1000) for _ in range(28 + g % 5)]
         for i in range(n):
             length = rng.randint(response_tokens // 2, response_tokens)
-            samples.append(
-                ScoredTrajectory(
-                    uid=f"u{g}",
-                    trajectory_id=f"u{g}/{i}",
-                    sample_index=i,
-                    attempt_id="a",
-                    data_source="bench",
-                    prompt_ids=prompt,
-                    response_ids=[rng.randrange(10, 1000) for _ in range(length)],
-                    response_mask=[1] * length,
-                    response_logprobs=[-2.0] * length,
-                    num_turns=2,
-                    reward_score=float(rng.random() < 0.5),
-                    extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
-                )
-            )
+            response = [rng.randrange(10, 1000) for _ in range(length)]
+            samples.append(_sample(g, i, prompt, response, [-2.0] * length, rng))
     adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
     return collate(samples, adv)
+
+
+def _sample(
+    group: int,
+    index: int,
+    prompt: list[int],
+    response: list[int],
+    logprobs: list[float],
+    rng: random.Random,
+) -> Any:
+    """One sample of group `group`, its reward a coin flip."""
+    from schemas.events import ExtraFields, ScoredTrajectory
+
+    return ScoredTrajectory(
+        uid=f"u{group}",
+        trajectory_id=f"u{group}/{index}",
+        sample_index=index,
+        attempt_id="a",
+        data_source="bench",
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=[1] * len(response),
+        response_logprobs=logprobs,
+        num_turns=2,
+        reward_score=float(rng.random() < 0.5),
+        extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
+    )
 
 
 def _make_batch(
@@ -113,7 +125,6 @@ def _make_batch(
     seed: int,
 ) -> Any:
     from schemas.advantages import grpo_advantages
-    from schemas.events import ExtraFields, ScoredTrajectory
     from workers.trainer.batching import collate
 
     rng = random.Random(seed)
@@ -122,22 +133,9 @@ def _make_batch(
         prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(*prompts))]
         for i in range(n):
             length = rng.randint(*responses)
-            samples.append(
-                ScoredTrajectory(
-                    uid=f"u{g}",
-                    trajectory_id=f"u{g}/{i}",
-                    sample_index=i,
-                    attempt_id="a",
-                    data_source="bench",
-                    prompt_ids=prompt,
-                    response_ids=[rng.randrange(10, vocab) for _ in range(length)],
-                    response_mask=[1] * length,
-                    response_logprobs=[-rng.uniform(0.5, 6.0) for _ in range(length)],
-                    num_turns=2,
-                    reward_score=float(rng.random() < 0.5),
-                    extra_fields=ExtraFields(min_global_steps=0, max_global_steps=0),
-                )
-            )
+            response = [rng.randrange(10, vocab) for _ in range(length)]
+            logprobs = [-rng.uniform(0.5, 6.0) for _ in range(length)]
+            samples.append(_sample(g, i, prompt, response, logprobs, rng))
     adv = grpo_advantages([s.reward_score for s in samples], [s.uid for s in samples])
     return collate(samples, adv)
 
