@@ -45,7 +45,7 @@ lint: install
 BACKEND ?= hf
 PRESET ?= tiny
 demo: install $(if $(filter vllm,$(BACKEND)),vllm)
-	$(PY) -m pipeline.demo --backend $(BACKEND) --preset $(PRESET)
+	$(PY) -m pipeline.harness.demo --backend $(BACKEND) --preset $(PRESET)
 
 # Soak: the whole pipeline at its highest sustained rate; exits non-zero on a dead process,
 # a dead letter, or memory growth of 20% or more from minute 2 to the end.

@@ -264,7 +264,7 @@ log "building the tiny model (seed 0) and a second checkpoint (seed 1) for updat
 "$PY" - "$WORK/models" <<'EOF' || die "model build failed"
 import sys
 from pathlib import Path
-from workers.llm.model_init import init_model
+from pipeline.harness.models.tiny import init_model
 out = Path(sys.argv[1])
 for name, seed in (("base", 0), ("alt", 1)):
     init_model(out / name, preset="tiny", seed=seed)
@@ -350,7 +350,7 @@ if [[ "${ROUTING_CHECK:-1}" != 0 && ( "$BACKEND" == vllm || "$BACKEND" == hf ) ]
   "$PY" - "$WORK/models" <<'EOF' || die "moe model build failed"
 import sys
 from pathlib import Path
-from workers.llm.model_init import init_model
+from pipeline.harness.models.tiny import init_model
 out = Path(sys.argv[1])
 for name, seed in (("moe-base", 0), ("moe-alt", 1)):
     init_model(out / name, preset="moe", seed=seed)

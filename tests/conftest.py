@@ -154,7 +154,7 @@ def run_cli(
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's tiny Qwen2 model + tokenizer, built once per session."""
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
@@ -162,7 +162,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`rollout model init --preset vl`: the tiny LLaVA with its processor."""
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "vl", preset="vl", seed=0)
 
@@ -173,7 +173,7 @@ def family_model(
 ) -> Callable[[str], Path]:
     """`family_model(name)`: the tiny model with a chat-format family's tokenizer and template
     (`rollout model init --template name`), built once per family per session."""
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     built: dict[str, Path] = {}
 
@@ -194,12 +194,12 @@ JUDGE_TEMPLATE = "Reference: {ground_truth}\nAnswer: {response}"
 
 @pytest.fixture(scope="session")
 def judge_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model after 200 supervised steps (`pipeline.demo.judge.warm_judge`) on
+    """The tiny model after 200 supervised steps (`pipeline.harness.demo.judge.warm_judge`) on
     `JUDGE_TEMPLATE`'s prompts: it answers `Verdict: 0|1`, and `I cannot judge this.` to a
     reference answer of `?` (`UNJUDGEABLE`). Built once per session."""
     import torch
 
-    from pipeline.demo.judge import warm_judge
+    from pipeline.harness.demo.judge import warm_judge
     from workers.reward.config import JudgeConfig
 
     out = tmp_path_factory.mktemp("models") / "judge"

@@ -56,6 +56,7 @@ __all__ = [
     "Stage",
     "StageMetrics",
     "TrainerMetrics",
+    "prometheus_totals",
     "render_replica_metrics",
     "replica_families",
 ]
@@ -373,3 +374,15 @@ def render_replica_metrics(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(families))
     return generate_latest(registry)
+
+
+def prometheus_totals(text: str) -> dict[str, float]:
+    """Prometheus text → each family's samples summed (a counter's `_total` series with it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        wanted = {family.name, f"{family.name}_total"}
+        value = sum(s.value for s in family.samples if s.name in wanted)
+        totals[family.name] = totals.get(family.name, 0.0) + value
+    return totals

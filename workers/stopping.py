@@ -8,6 +8,10 @@ wait tens of seconds. So until the stage calls `graceful()`, SIGINT interrupts a
 (`KeyboardInterrupt`, which the CLI turns into one line and exit 130); SIGTERM, a supervisor's
 stop, is always graceful. Signal handlers run in the main thread, so `install` must be called
 there.
+
+`StageTempFailure` is how a stage ends when starting it again later is the whole remedy (the
+broker was unreachable, work failed and will be redelivered): the CLI says its message in one
+line and exits 75 (EX_TEMPFAIL), which supervisors restart.
 """
 
 from __future__ import annotations
@@ -16,7 +20,17 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["StopSignal"]
+from schemas.errors import RolloutError
+
+__all__ = ["EX_TEMPFAIL", "StageTempFailure", "StopSignal"]
+
+EX_TEMPFAIL = 75
+
+
+class StageTempFailure(RolloutError):
+    """The stage stopped for a reason that starting it again later removes (exit 75)."""
+
+    exit_code = EX_TEMPFAIL
 
 
 class StopSignal(threading.Event):

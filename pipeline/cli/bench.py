@@ -28,12 +28,12 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
     _checked_model(args)
     import tempfile
 
-    from pipeline.bench.engine import run
+    from pipeline.harness.bench.engine import run
 
     model = args.model
     with tempfile.TemporaryDirectory() as tmp:
         if model is None:
-            from workers.llm.model_init import init_model
+            from pipeline.harness.models.tiny import init_model
 
             model = str(init_model(Path(tmp) / "model", preset="tiny", seed=0))
         _emit(run(model, concurrency=args.concurrency), args.json)
@@ -43,8 +43,8 @@ def cmd_bench_engine(args: argparse.Namespace, cfg: RunConfig) -> int:
 def cmd_bench_learn(args: argparse.Namespace, cfg: RunConfig) -> int:
     from dataclasses import fields, replace
 
-    from pipeline.bench.learn import run
-    from pipeline.demo.recipe import DemoRecipe
+    from pipeline.harness.bench.learn import run
+    from pipeline.harness.recipe import DemoRecipe
 
     recipe = DemoRecipe()
     types = {f.name: type(getattr(recipe, f.name)) for f in fields(DemoRecipe)}
@@ -106,7 +106,7 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
 
 @dataclass(frozen=True)
 class Bench:
-    """One `rollout bench NAME`, by default `pipeline.bench.NAME.run(...)` of its flags (the
+    """One `rollout bench NAME`, by default `pipeline.harness.bench.NAME.run(...)` of its flags (the
     module is the command's name with dashes as underscores).
 
     `flags`: each a default or (default, help); `pool_workers` is `--pool-workers`, the type is
@@ -132,7 +132,7 @@ class Bench:
             return self.command(args, cfg)
         if self.check is not None:
             _checked_model(args, self.check)
-        run = importlib.import_module(f"pipeline.bench.{self.name.replace('-', '_')}").run
+        run = importlib.import_module(f"pipeline.harness.bench.{self.name.replace('-', '_')}").run
         kwargs = {flag: getattr(args, flag) for flag in self.flags}
         if self.model:
             kwargs["model_dir"] = args.model

@@ -7,10 +7,10 @@ import json
 import signal
 from typing import Any
 
-from pipeline.chaos.faults import CLUSTER_FAULTS, DEFAULT_FAULTS, parse_fault
-from pipeline.chaos.run import ChaosOptions, run_chaos
 from pipeline.cli.options import add_options, options_from
 from pipeline.config import ConfigError, RunConfig
+from pipeline.harness.chaos.faults import CLUSTER_FAULTS, DEFAULT_FAULTS, parse_fault
+from pipeline.harness.chaos.run import ChaosOptions, run_chaos
 from workers.kafka.client_logs import route_client_logs
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline.cli.common import at_least, print_json, writable_dir
 from pipeline.config import ConfigError, RunConfig
-from workers.llm.templates import FAMILY_NAMES
+from pipeline.harness.models.templates import FAMILY_NAMES
 
 __all__ = ["add_parsers"]
 
@@ -132,7 +132,7 @@ def cmd_data_arith(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     if args.reward_model and args.preset in ("moe", "vl"):
         raise ConfigError(
@@ -152,7 +152,7 @@ def cmd_model_init(args: argparse.Namespace, cfg: RunConfig) -> int:
     if warm_rows is not None:
         from transformers.utils import logging as hf_logging
 
-        from pipeline.demo.recipe import DemoRecipe, warm_start
+        from pipeline.harness.recipe import DemoRecipe, warm_start
 
         hf_logging.disable_progress_bar()
         recipe = DemoRecipe(seed=args.seed)

@@ -11,7 +11,7 @@ __all__ = ["add_parsers"]
 
 
 def cmd_demo(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.demo.run import run_demo
+    from pipeline.harness.demo.run import run_demo
 
     run_demo(cfg, steps=args.steps, prompts=args.prompts, backend=args.backend)
     return 0

@@ -13,14 +13,14 @@ from typing import Any
 
 from pipeline.cli.options import add_options, options_from
 from pipeline.config import RunConfig
-from pipeline.load.options import LoadOptions
+from pipeline.harness.load.options import LoadOptions
 
 __all__ = ["add_parsers"]
 
 
 def cmd_load(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from pipeline.load.figures import render
-    from pipeline.load.run import run_load
+    from pipeline.harness.load.figures import render
+    from pipeline.harness.load.run import run_load
 
     opts = options_from(args, LoadOptions)
     report = run_load(cfg.kafka, opts)

@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rollout: {exc}", file=sys.stderr)
         return 2
-    except RolloutError as exc:
-        return failed(str(exc))
+    except RolloutError as exc:  # a stage's temporary failure carries its exit status (75)
+        return failed(str(exc), getattr(exc, "exit_code", 1))
     except _client_errors() as exc:
         # A Kafka client's error that no command translated: still the user's broker or
         # network, so one line, not a traceback.

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.common import at_least, checked_model_dir, failed, port, print_json
+from pipeline.cli.common import at_least, checked_model_dir, port, print_json
 from pipeline.config import ConfigError, RunConfig
 
 __all__ = ["add_parsers"]
@@ -152,14 +152,10 @@ def _require_topic(cfg: RunConfig, role: str, why: str) -> None:
 
 
 def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
-    import asyncio
-    import signal
-
     # A SIGTERM that arrives while the worker is still importing or connecting is a request
     # to stop, honoured gracefully once it runs (exit 0), not a crash.
     early_stop = _stop_event_on_signals()
-
-    from workers.agent_loop.worker import AgentLoopWorker
+    from workers.agent_loop.main import run
 
     worker_cfg = cfg.agent_loop
     if args.model:
@@ -169,71 +165,8 @@ def cmd_worker_agent_loop(args: argparse.Namespace, cfg: RunConfig) -> int:
     if not worker_cfg.model:
         raise ConfigError("agent_loop.model (or --model) must name the model directory")
     checked_model_dir(worker_cfg.model, "--model" if args.model else "agent_loop.model")
-    if worker_cfg.llm.return_routed_experts is None:
-        # A MoE policy's routing rides to the trainer (routing replay) unless turned off.
-        from workers.llm.moe import is_moe
-
-        llm = worker_cfg.llm.model_copy(update={"return_routed_experts": is_moe(worker_cfg.model)})
-        worker_cfg = worker_cfg.model_copy(update={"llm": llm})
     metrics = _metrics("agent-loop", args)
-
-    async def main() -> int:
-        from aiokafka.errors import KafkaError
-
-        from workers.kafka.exceptions import KafkaUnavailableError
-
-        worker = AgentLoopWorker(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics)
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, worker.stop)
-        loop.add_signal_handler(
-            signal.SIGINT, _interrupt_handler(worker, worker_cfg.grace_period_s)
-        )
-        if early_stop.is_set():
-            worker.stop()
-        try:
-            await worker.run()
-        except KafkaUnavailableError as exc:
-            return failed(str(exc), 75)
-        except KafkaError as exc:
-            # The broker is down or unreachable (at start, or a client gave up): nothing was
-            # committed past what is done, so starting again later is the whole remedy.
-            return failed(f"Kafka at {cfg.kafka.bootstrap}: {exc}", 75)
-        # Stopped because replicas or the broker failed a prompt (left unfinished, so it is
-        # redelivered): EX_TEMPFAIL, so a supervisor starts the worker again.
-        if lost := worker.counters["prompts_failed"]:
-            return failed(
-                f"stopped after {lost} prompt(s) failed (logged above); they are "
-                "redelivered when a worker starts again",
-                75,
-            )
-        return 0
-
-    return asyncio.run(main())
-
-
-def _interrupt_handler(worker: Any, grace_s: float) -> Any:
-    """Ctrl-C: stop gracefully (the prompts in flight get `grace_s` to finish), saying so;
-    a second Ctrl-C exits at once. Safe: offsets are committed only after the outputs are
-    acknowledged, so whatever was in flight is redelivered, as after a kill."""
-    import os
-    import sys
-
-    interrupted = False
-
-    def on_interrupt() -> None:
-        nonlocal interrupted
-        if interrupted:
-            print("rollout: aborted; unfinished prompts are redelivered", file=sys.stderr)
-            os._exit(130)
-        interrupted = True
-        print(
-            f"rollout: stopping: up to {grace_s:g} s for the prompts in flight "
-            "(Ctrl-C again to abort)",
-            file=sys.stderr,
-        )
-        worker.stop()
-
-    return on_interrupt
+    return run(cfg.kafka, cfg.topics, worker_cfg, metrics=metrics, early_stop=early_stop)
 
 
 def _metrics(stage: str, args: argparse.Namespace) -> Any:
@@ -254,7 +187,7 @@ def _stop_event_on_signals(*, graceful: bool = True) -> Any:
 
 
 def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.reward.worker import run_worker
+    from workers.reward.main import run_worker
 
     if args.tokenizer:
         cfg = cfg.model_copy(
@@ -270,7 +203,7 @@ def cmd_worker_reward(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_worker_replay(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.replay.worker import run_worker
+    from workers.replay.main import run_worker
 
     return int(run_worker(cfg.kafka, cfg.topics, cfg.replay, metrics=_metrics("replay", args)) or 0)
 
@@ -279,7 +212,6 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     from dataclasses import asdict
 
     from pipeline.launch.torchrun import launched_by_torchrun
-    from workers.trainer.trainer import run_trainer
 
     trainer_cfg = cfg.trainer
     if args.model:
@@ -294,12 +226,13 @@ def cmd_train(args: argparse.Namespace, cfg: RunConfig) -> int:
         return train_on_ray(cfg, trainer_cfg, sys.argv[1:], address=args.ray or None)
     if trainer_cfg.nproc > 1 or launched_by_torchrun():
         return _train_sharded(args, cfg, trainer_cfg)
-    # Ctrl-C while torch imports and the model loads ends the command at once; once the
-    # trainer runs, it stops cleanly (checkpoint, result).
-    stop, metrics = _stop_event_on_signals(graceful=False), _metrics("train", args)
-    result = run_trainer(
-        cfg.kafka, cfg.topics, trainer_cfg, stop, metrics=metrics, transfer=cfg.weights
-    )
+    stop = _stop_event_on_signals(graceful=False)  # before torch imports (workers.trainer.main)
+    from workers.trainer.main import run
+
+    result = run(
+        cfg.kafka, cfg.topics, trainer_cfg, weights=cfg.weights, metrics=_metrics("train", args),
+        stop=stop,
+    )  # fmt: skip
     print_json(asdict(result))
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.llm.model_init import init_model
+from pipeline.harness.models.tiny import init_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.harness.models.tiny import init_model
 from schemas.events import ExtraFields, ScoredTrajectory, TrainingGroup
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.llm.model_init import init_model
 from workers.trainer.batching import collate_groups
 from workers.trainer.config import TrainerConfig
 from workers.trainer.step import resolve_device, train_step

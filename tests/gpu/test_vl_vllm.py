@@ -30,7 +30,7 @@ def test_the_vl_preset_generates_from_token_ids_and_an_image() -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from vllm import LLM, SamplingParams
 
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     model = Path(os.environ.get("ROLLOUT_VL_MODEL", "/tmp/rollout_vl_model"))
     if not (model / "config.json").is_file():

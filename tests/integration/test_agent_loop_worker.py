@@ -16,7 +16,7 @@ from tests.integration.agent_helpers import (
     trajectory,
 )
 from workers.agent_loop.config import AgentLoopWorkerConfig
-from workers.agent_loop.worker import AgentLoopWorker
+from workers.agent_loop.app import AgentLoopWorker
 from workers.kafka.clients import make_consumer, make_producer
 from workers.llm.contract import SamplingParams
 

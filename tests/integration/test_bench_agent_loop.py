@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from pipeline.bench.agent_loop import run
+from pipeline.harness.bench.agent_loop import run
 from workers.kafka.config import KafkaConfig
 
 pytestmark = pytest.mark.kafka

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pipeline.bench import prefix_routing as bench_prefix
-from workers.llm.model_init import init_model
+from pipeline.harness.bench import prefix_routing as bench_prefix
+from pipeline.harness.models.tiny import init_model
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bench.reward import run
+from pipeline.harness.bench.reward import run
 from workers.kafka.config import KafkaConfig
 
 pytestmark = pytest.mark.kafka

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chaos.run import ChaosOptions, run_chaos
+from pipeline.harness.chaos.run import ChaosOptions, run_chaos
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -32,8 +32,8 @@ import pytest
 
 from pipeline.data.arithmetic import arithmetic_rows
 from pipeline.data.producer import PromptProducer
+from pipeline.harness.local_run import local_run_config
 from pipeline.launch.local import LocalPipeline
-from pipeline.launch.local_run import local_run_config
 from pipeline.observe.scrape import job_of, local_config
 from tests.conftest import run_cli
 from tests.integration.prometheus_helpers import (

@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 aiohttp = pytest.importorskip("aiohttp")
 
+from pipeline.harness.models.tiny import init_model  # noqa: E402
 from pipeline.launch.replicas import wait_healthy  # noqa: E402
 from tests.conftest import REPO, ROLLOUT  # noqa: E402
-from workers.llm.model_init import init_model  # noqa: E402
 from workers.ports import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow

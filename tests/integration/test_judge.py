@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.config import load_config
 from pipeline.data.arithmetic import arithmetic_rows
 from pipeline.data.producer import PromptProducer
-from pipeline.demo.judge import UNJUDGEABLE
+from pipeline.harness.demo.judge import UNJUDGEABLE
 from pipeline.launch.local import REPO, LocalPipeline, spawn_logged
 from schemas import decode, encode
 from schemas.events import PolicyVersion
@@ -264,7 +264,7 @@ STEPS = 2
 def test_the_local_launcher_runs_the_judge_pool_from_the_config_beside_a_training_run(
     kafka_config, kafka_bootstrap, topics_config, tiny_model, judge_model, tmp_path
 ) -> None:
-    from pipeline.launch.local_run import merge
+    from pipeline.harness.local_run import merge
     from tests.integration.test_pipeline_e2e import BATCH, pipeline_config
 
     base = pipeline_config(kafka_bootstrap, topics_config.prefix, tiny_model, tmp_path, 1)

@@ -541,7 +541,7 @@ class HfProc:
 
 @pytest.fixture(scope="module")
 def hf_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[HfProc]]:
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     base = tmp_path_factory.mktemp("hf")
     model = init_model(base / "model", preset="tiny", seed=0)

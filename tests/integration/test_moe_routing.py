@@ -45,7 +45,7 @@ TOL = 1e-4  # fp32 engine vs fp32 reference; the two checkpoints differ by ~0.2 
 
 @pytest.fixture(scope="module")
 def moe_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     root = tmp_path_factory.mktemp("moe")
     old = init_model(root / "old", preset="moe", seed=0)

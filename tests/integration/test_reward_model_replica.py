@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def reward_replica(tmp_path_factory):
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     model = init_model(
         tmp_path_factory.mktemp("rm") / "rm", preset="tiny", seed=1, reward_model=True

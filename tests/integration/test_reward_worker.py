@@ -33,7 +33,7 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.llm.model_init import build_tokenizer
+    from pipeline.harness.models.tiny import build_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer().save_pretrained(path)

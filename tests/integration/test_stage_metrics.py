@@ -31,7 +31,7 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    from workers.llm.model_init import build_tokenizer
+    from pipeline.harness.models.tiny import build_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     tok = build_tokenizer()

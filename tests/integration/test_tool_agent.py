@@ -17,7 +17,7 @@ from tests.integration.agent_helpers import (
 )
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.tools import load_tools
-from workers.agent_loop.worker import AgentLoopWorker
+from workers.agent_loop.app import AgentLoopWorker
 from workers.llm.contract import SamplingParams
 
 pytestmark = [pytest.mark.kafka]

@@ -2,7 +2,7 @@
 `hf` replica, through the real worker and broker.
 
 Per family, the tiny model (`rollout model init --template FAMILY`) gets the supervised warm
-start of `pipeline.demo.tool_warm_start` (built once per family per session), then answers
+start of `pipeline.harness.demo.tool_warm_start` (built once per family per session), then answers
 arithmetic questions with the calculator. Its calls must be parsed (by the parser the worker
 recognised from the template), executed and answered in at least 80% of the trajectories,
 each tool block must be exactly what the template renders between the turns, and
@@ -10,7 +10,7 @@ each tool block must be exactly what the template renders between the turns, and
 
 Sampling is at temperature 0.7, with a seed: a model this small, after 150 steps, still puts
 a few percent of its mass on broken JSON at temperature 1 (`python -m
-pipeline.demo.tool_warm_start` prints both rates); what is proven here is the format's path
+pipeline.harness.demo.tool_warm_start` prints both rates); what is proven here is the format's path
 through the pipeline, not the model.
 """
 
@@ -26,7 +26,9 @@ import torch
 from transformers import AutoTokenizer
 
 from pipeline.data.arithmetic import arithmetic_rows
-from pipeline.demo.tool_warm_start import ToolRecipe, question_messages, tool_warm_start
+from pipeline.harness.demo.tool_warm_start import ToolRecipe, question_messages, tool_warm_start
+from pipeline.harness.models.templates import FAMILY_NAMES
+from pipeline.harness.models.tiny import template_family
 from schemas import PromptEvent
 from tests.conftest import ReplicaProcess
 from tests.integration.agent_helpers import (
@@ -42,11 +44,9 @@ from workers.agent_loop.exceptions import ToolError
 from workers.agent_loop.parsers import get_parser
 from workers.agent_loop.tools import load_tools
 from workers.agent_loop.tools.calculator import evaluate
-from workers.agent_loop.worker import AgentLoopWorker
+from workers.agent_loop.app import AgentLoopWorker
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.contract import SamplingParams
-from workers.llm.model_init import template_family
-from workers.llm.templates import FAMILY_NAMES
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 

@@ -30,6 +30,7 @@ import pytest
 import torch
 import yaml
 
+from pipeline.harness.models.tiny import init_model
 from tests.conftest import REPO
 from tests.integration.broadcast_helpers import (
     ReplicaTree,
@@ -40,7 +41,6 @@ from tests.integration.broadcast_helpers import (
 )
 from tests.integration.trainer_helpers import behaviour_logprobs, make_groups, produce
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.llm.model_init import init_model
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.long]
 

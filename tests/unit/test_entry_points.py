@@ -24,7 +24,7 @@ def named_modules() -> set[str]:
 
 def test_every_named_module_entry_point_runs() -> None:
     named = named_modules()
-    assert "pipeline.demo" in named and "pipeline.cli.main" in named
+    assert "pipeline.harness.demo" in named and "pipeline.cli.main" in named
     broken = []
     for module in sorted(named):
         spec = importlib.util.find_spec(module)

@@ -1,14 +1,24 @@
 """The import graph of the source tree, read from every file's AST, keeps the layering.
 
 Layers, lowest first: `schemas` (the contract: events, codec, header names) → `workers`
-(`workers.kafka` and `workers.metrics` the shared plumbing, then one package per stage) →
-`pipeline` (CLI, launchers, benchmarks, tools). An import goes down or sideways within a
-package, never up; stages talk through topics, not imports (the agent loop, and the reward
-stage's judge, drive the LLM client: the exceptions); and no two files import each other,
-directly or round a loop.
+(`workers.kafka`, `workers.metrics` and the like the shared plumbing; then the two shared
+flows, `workers.weights` — a policy from the trainer to the replicas — and `workers.llm` — the
+client, router and engines; then one package per stage) → `pipeline` (config, CLI, launchers,
+observation; the harness apart). An import goes down or sideways within a package, never up:
+
+- a stage imports no other stage; it reaches the others only through `llm` and `weights`
+  (the agent loop and the reward stage's judge drive the LLM client; the trainer publishes
+  through `weights` and lends its model as an `hf` engine);
+- `llm` may use `weights` (an engine loads and receives weights), `weights` uses neither `llm`
+  nor a stage;
+- nothing under `workers/` imports `pipeline/`, and nothing of the product imports the
+  harness (`pipeline.harness`: bench, demo, chaos, load, the tiny models): only the CLI,
+  which calls it, and the harness itself;
+- no two files import each other, directly or round a loop.
 
 Every `import` counts, those inside functions too: a lazy import hides a loop from the
-interpreter, not from the design.
+interpreter, not from the design. Each rule is also run on a graph with a planted import that
+breaks it, so a rule that stopped seeing anything would fail.
 
 Every Kafka client of both libraries (kafka-python's producer, consumer and admin client,
 aiokafka's) is constructed in `workers.kafka.clients` only, and topics are created by
@@ -27,9 +37,13 @@ from schemas import headers
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "workers", "pipeline")
-STAGES = ("agent_loop", "llm", "replay", "reward", "trainer")
-# trainer → llm: a lending trainer hosts an `hf` replica on its own model (`workers.trainer.lend`).
-ALLOWED_STAGE_EDGES = {("agent_loop", "llm"), ("reward", "llm"), ("trainer", "llm")}
+STAGES = ("agent_loop", "replay", "reward", "trainer")
+#: The shared flows under `workers/`, and what each may import of the other.
+FLOWS = ("llm", "weights")
+ALLOWED_FLOW_EDGES = {("llm", "weights")}
+HARNESS = "pipeline.harness"
+#: The part of `pipeline` that may call the harness: the command line.
+HARNESS_CALLERS = ("pipeline.cli", HARNESS)
 HEAVY = ("torch", "transformers")
 
 
@@ -81,35 +95,86 @@ def _imports(module: str, path: Path) -> set[str]:
 GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
 
 
-def _stage(module: str) -> str | None:
+def _room(module: str) -> str | None:
+    """The stage or flow a module of `workers` belongs to (None: the plumbing)."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "workers" and len(parts) > 1 and parts[1] in STAGES else None
+    if parts[0] == "workers" and len(parts) > 1 and parts[1] in (*STAGES, *FLOWS):
+        return parts[1]
+    return None
 
 
 def _top(name: str) -> str:
     return name.split(".")[0]
 
 
-def test_workers_never_import_pipeline() -> None:
-    bad = sorted(
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _workers_into_pipeline(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
         f"{m} → {n}"
-        for m, deps in GRAPH.items()
+        for m, deps in graph.items()
         if _top(m) == "workers"
         for n in deps
         if _top(n) == "pipeline"
     )
-    assert not bad, "workers import pipeline:\n" + "\n".join(bad)
 
 
-def test_stages_do_not_import_each_other() -> None:
+def _across_rooms(graph: dict[str, set[str]]) -> list[str]:
     bad = []
-    for module, deps in GRAPH.items():
-        own = _stage(module)
+    for module, deps in graph.items():
+        own = _room(module)
         for name in deps:
-            other = _stage(name)
-            if own and other and other != own and (own, other) not in ALLOWED_STAGE_EDGES:
+            other = _room(name)
+            if not own or not other or other == own:
+                continue
+            if own in STAGES and other in FLOWS:
+                continue  # a stage reaches the others through the flows
+            if (own, other) not in ALLOWED_FLOW_EDGES:
                 bad.append(f"{module} → {name}")
-    assert not bad, "a stage imports another stage:\n" + "\n".join(sorted(bad))
+    return sorted(bad)
+
+
+def _into_the_harness(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} → {n}"
+        for m, deps in graph.items()
+        if not any(_within(m, caller) for caller in HARNESS_CALLERS)
+        for n in deps
+        if _within(n, HARNESS)
+    )
+
+
+def _planted(module: str, name: str) -> dict[str, set[str]]:
+    """The graph with one more import, of `name` by `module`."""
+    return {m: deps | {name} if m == module else deps for m, deps in GRAPH.items()}
+
+
+def test_workers_never_import_pipeline() -> None:
+    bad = _workers_into_pipeline(GRAPH)
+    assert not bad, "workers import pipeline:\n" + "\n".join(bad)
+    planted = _planted("workers.weights.sync", "pipeline.observe.status")
+    assert _workers_into_pipeline(planted) == ["workers.weights.sync → pipeline.observe.status"]
+
+
+def test_stages_meet_only_through_the_flows() -> None:
+    bad = _across_rooms(GRAPH)
+    assert not bad, "a stage or flow imports another it may not:\n" + "\n".join(bad)
+    for module, name in (
+        ("workers.reward.app", "workers.replay.config"),  # a stage into another stage
+        ("workers.weights.sync", "workers.llm.client"),  # weights into llm
+        ("workers.llm.client", "workers.trainer.config"),  # a flow into a stage
+    ):
+        assert _across_rooms(_planted(module, name)) == [f"{module} → {name}"]
+
+
+def test_nothing_of_the_product_imports_the_harness() -> None:
+    bad = _into_the_harness(GRAPH)
+    assert not bad, "the harness is imported by the product:\n" + "\n".join(bad)
+    for module in ("workers.reward.app", "pipeline.observe.watch", "pipeline.launch.local"):
+        planted = _planted(module, "pipeline.harness.bench.common")
+        assert _into_the_harness(planted) == [f"{module} → pipeline.harness.bench.common"]
 
 
 def test_schemas_import_only_schemas_and_light_libraries() -> None:

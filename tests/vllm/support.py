@@ -57,7 +57,7 @@ def make_checkpoints(root: Path, *, tied: bool, count: int) -> list[Path]:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     out = []
     for seed in range(count):

@@ -96,7 +96,7 @@ def test_an_image_prompt_through_vllm_has_the_trainers_logprobs(tmp_path: Path) 
     from PIL import Image
     from transformers import AutoProcessor
 
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     model = init_model(tmp_path / "vl", preset="vl", seed=0)
     processor = AutoProcessor.from_pretrained(model)
@@ -152,7 +152,7 @@ def test_an_image_prompt_through_vllm_has_the_trainers_logprobs(tmp_path: Path) 
 def test_image_prompts_flow_through_vllm_to_a_trainer_step(
     kafka_config, kafka_bootstrap, topics_config, tmp_path: Path
 ) -> None:
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     model = init_model(tmp_path / "vl", preset="vl", seed=0)
     replica_args = (

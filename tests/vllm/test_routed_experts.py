@@ -42,7 +42,7 @@ PROMPT = [(13 * i + 7) % 900 + 20 for i in range(24)]
 def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} missing: build it with `make vllm`", pytrace=False)
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("vllm-moe") / "moe", preset="moe", seed=0)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.harness.models.tiny import init_model
 from tests.integration.broadcast_helpers import (
     ReplicaTree,
     TestTrainer,
@@ -23,7 +24,6 @@ from tests.integration.broadcast_helpers import (
 )
 from tests.vllm.support import FAST_START, VLLM_CPU_ENV, VLLM_PYTHON
 from workers.kafka.config import KafkaConfig, TopicsConfig
-from workers.llm.model_init import init_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
 

@@ -25,8 +25,8 @@ Routing rule, in order:
 
     `routing="round_robin"` replaces all three with plain rotation over the routable replicas
     (in replica-id order), ignoring ids and loads and never touching the sticky LRU. It exists
-    as the baseline that sticky routing is measured against (`pipeline.bench.prefix_routing`),
-    not for serving.
+    as the baseline that sticky routing is measured against
+    (`pipeline.harness.bench.prefix_routing`), not for serving.
 
 Invariants:
     - A balancer routes to replicas of one role (`role`: the agent loops' `policy`, the reward

@@ -152,6 +152,14 @@ class CompletionResponse(BaseModel):
     usage: dict[str, int] = Field(default_factory=dict)
     policy_version: int = Field(ge=0, description="Version of the weights that produced it.")
 
+    @classmethod
+    def one(
+        cls, choice: CompletionChoice, *, usage: dict[str, int], **response: Any
+    ) -> CompletionResponse:
+        """The contract's response: one sequence, `choice` (`response`: `id`, `created`,
+        `model`, `policy_version`)."""
+        return cls(choices=[choice], usage=usage, **response)
+
 
 class UpdateWeightsRequest(BaseModel):
     """Load `path` (a checkpoint directory), or receive `transfer` (a grant of the trainer's,

@@ -587,13 +587,9 @@ def run_trainer(
     kafka: KafkaConfig,
     topics: TopicsConfig,
     config: TrainerConfig,
-    stop_event: threading.Event | None = None,
-    *,
-    metrics: TrainerMetrics | None = None,
-    transfer: WeightsConfig | None = None,
+    stop_event: Any = None,
+    **kw: Any,
 ) -> TrainerResult:
-    """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`)."""
-    trainer = Trainer(
-        kafka, topics, config, stop_event=stop_event, metrics=metrics, transfer=transfer
-    )
-    return trainer.run()
+    """Run the trainer until stopped (stop event, `max_steps` or `idle_timeout_s`); `kw`: the
+    rest of `Trainer`'s keywords (`metrics`, `transfer`)."""
+    return Trainer(kafka, topics, config, stop_event=stop_event, **kw).run()

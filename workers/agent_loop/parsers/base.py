@@ -22,6 +22,7 @@ for the built-in formats); `parser_class` raises `ParserError` for an unknown na
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,22 @@ class ToolCallParser(ABC):
     @abstractmethod
     def parse(self, text: str) -> tuple[str, list[FunctionCall]]:
         """(content without the calls, the calls in order). Never raises on model output."""
+
+    @staticmethod
+    def split_blocks(
+        text: str, block: re.Pattern[str], to_call: Callable[[str], FunctionCall]
+    ) -> tuple[list[str], list[FunctionCall], str]:
+        """Every whole `block` of `text` made a call (`to_call` of its first group): the text
+        between them, the calls in order, and what follows the last block (an unclosed one,
+        which a subclass may still read as a call)."""
+        calls: list[FunctionCall] = []
+        pieces: list[str] = []
+        position = 0
+        for match in block.finditer(text):
+            pieces.append(text[position : match.start()])
+            calls.append(to_call(match.group(1)))
+            position = match.end()
+        return pieces, calls, text[position:]
 
     @classmethod
     def recognises(cls, template: str) -> bool:

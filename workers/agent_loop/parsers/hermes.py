@@ -33,14 +33,9 @@ class HermesToolParser(ToolCallParser):
     _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str) -> tuple[str, list[FunctionCall]]:
-        calls: list[FunctionCall] = []
-        pieces: list[str] = []
-        position = 0
-        for match in self._block.finditer(text):
-            pieces.append(text[position : match.start()])
-            calls.append(call_from_json(match.group(1).strip()))
-            position = match.end()
-        rest = text[position:]
+        pieces, calls, rest = self.split_blocks(
+            text, self._block, lambda b: call_from_json(b.strip())
+        )
         opened = rest.rfind(self.start)
         if opened >= 0:
             tail = call_from_json(rest[opened + len(self.start) :].strip())

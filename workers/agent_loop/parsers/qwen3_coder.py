@@ -38,14 +38,7 @@ class Qwen3CoderToolParser(ToolCallParser):
     _param = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
     def parse(self, text: str) -> tuple[str, list[FunctionCall]]:
-        calls: list[FunctionCall] = []
-        pieces: list[str] = []
-        position = 0
-        for match in self._block.finditer(text):
-            pieces.append(text[position : match.start()])
-            calls.append(self._call(match.group(1)))
-            position = match.end()
-        rest = text[position:]
+        pieces, calls, rest = self.split_blocks(text, self._block, self._call)
         opened = rest.rfind(self.start)
         if opened >= 0 and self._function.search(rest, opened):
             calls.append(self._call(rest[opened + len(self.start) :]))

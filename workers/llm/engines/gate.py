@@ -75,18 +75,17 @@ def dropped_response(
     *, request_id: str, model: str, created: int, policy_version: int, want_logprobs: bool
 ) -> CompletionResponse:
     """An abort that reached the server only as a dropped connection: nothing came back."""
-    return CompletionResponse(
+    choice = CompletionChoice(
+        token_ids=[],
+        logprobs={"token_logprobs": []} if want_logprobs else None,
+        finish_reason="abort",
+    )
+    return CompletionResponse.one(
+        choice,
+        usage={"completion_tokens": 0},
         id=request_id,
         created=created,
         model=model,
-        choices=[
-            CompletionChoice(
-                token_ids=[],
-                logprobs={"token_logprobs": []} if want_logprobs else None,
-                finish_reason="abort",
-            )
-        ],
-        usage={"completion_tokens": 0},
         policy_version=policy_version,
     )
 

@@ -4,7 +4,7 @@ What every server the adapters front (vLLM, SGLang) shares: one aiohttp session 
 connection cap (thousands of generations may be in flight at once), `/health` polled until it
 answers 200, `max_model_len` from `/v1/models`, `/server_info` read once for the capacity, and
 `/metrics` as Prometheus text. Each backend's subclass names its engine, its error class and
-the calls only it has (`workers.llm.engines.vllm.upstream`, `sglang_upstream`).
+the calls only it has (`vllm/upstream.py`, `sglang/upstream.py`).
 
 Errors: `UPSTREAM_ERRORS` is everything a call may raise when the server is unreachable, slow
 or answers what it should not: the adapters catch exactly that tuple.

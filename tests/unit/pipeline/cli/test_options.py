@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.chaos.run import ChaosOptions
 from pipeline.cli.main import build_parser
 from pipeline.cli.options import add_options, option, options_from
-from pipeline.load.options import LoadOptions
+from pipeline.harness.chaos.run import ChaosOptions
+from pipeline.harness.load.options import LoadOptions
 
 
 @dataclass

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.harness.models.tiny import template_family
 from workers.agent_loop.chat_format import ChatFormat
 from workers.agent_loop.exceptions import AgentLoopError
 from workers.agent_loop.parsers import HermesToolParser
-from workers.llm.model_init import template_family
 
 transformers = pytest.importorskip("transformers")
 

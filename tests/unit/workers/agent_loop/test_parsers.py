@@ -101,8 +101,8 @@ def test_the_parser_is_recognised_from_the_template(name: str) -> None:
 
 
 def test_the_project_templates_are_recognised() -> None:
-    from workers.llm.model_init import HERMES
-    from workers.llm.templates import FAMILIES
+    from pipeline.harness.models.templates import FAMILIES
+    from pipeline.harness.models.tiny import HERMES
 
     for family in (HERMES, *FAMILIES.values()):
         assert parser_for_template(family.chat_template) == family.parser

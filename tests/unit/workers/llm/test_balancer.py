@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from pipeline.bench import router as bench_router
+from pipeline.harness.bench import router as bench_router
 from tests import ROOT
 from workers.llm.balancer import Balancer, Replica, stable_hash
 from workers.llm.exceptions import NoReplicaError

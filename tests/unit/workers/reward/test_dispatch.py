@@ -248,7 +248,7 @@ def test_config_imports_light() -> None:
 
 
 def test_decode_tail_ends_like_the_whole_decode_with_a_real_byte_level_tokenizer() -> None:
-    from workers.llm.model_init import build_tokenizer
+    from pipeline.harness.models.tiny import build_tokenizer
     from workers.reward.dispatch import decode_tail
 
     tok = build_tokenizer()
@@ -281,8 +281,8 @@ async def test_gsm8k_items_are_scored_from_the_decoded_tail() -> None:
 
 
 def test_the_fast_detokenizer_decodes_like_transformers(tmp_path) -> None:
-    from workers.llm.model_init import build_tokenizer
-    from workers.reward.worker import FastDetokenizer, load_tokenizer
+    from pipeline.harness.models.tiny import build_tokenizer
+    from workers.reward.main import FastDetokenizer, load_tokenizer
 
     reference = build_tokenizer()
     reference.save_pretrained(tmp_path)

@@ -37,8 +37,8 @@ def _pass(chunk: int | None) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from pipeline.harness.models.tiny import PRESETS
     from schemas.events import ExtraFields, ScoredTrajectory
-    from workers.llm.model_init import PRESETS
     from workers.trainer.batching import collate
     from workers.trainer.logprobs import response_log_probs
 

@@ -127,7 +127,7 @@ def _samples(k: int = 4, n: int = 4) -> list[ScoredTrajectory]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
-    from workers.llm.model_init import init_model
+    from pipeline.harness.models.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("ppo") / "tiny", preset="tiny", seed=0)
 

@@ -256,8 +256,8 @@ def test_hooks_are_removed_also_when_the_forward_fails() -> None:
 def test_the_trainer_refuses_r3_on_a_dense_model_at_start(tmp_path: Any) -> None:
     """Before anything is consumed: `Trainer._load` (the model, no broker) raises the one-line
     `RouterReplayError`; with `off` the same model loads."""
+    from pipeline.harness.models.tiny import init_model
     from workers.kafka.config import KafkaConfig, TopicsConfig
-    from workers.llm.model_init import init_model
     from workers.trainer.config import TrainerConfig
     from workers.trainer.trainer import Trainer
 

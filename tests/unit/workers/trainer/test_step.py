@@ -41,8 +41,8 @@ def test_a_bf16_step_stays_close_to_the_fp32_step(tmp_path) -> None:
     """`trainer.precision=bf16` on the CPU: autocast forward/backward, fp32 weights and AdamW."""
     from transformers import AutoModelForCausalLM
 
+    from pipeline.harness.models.tiny import init_model
     from schemas.events import ExtraFields, ScoredTrajectory
-    from workers.llm.model_init import init_model
     from workers.trainer.batching import collate
     from workers.trainer.step import train_step
 

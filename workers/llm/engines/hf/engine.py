@@ -21,7 +21,7 @@ Invariants:
   stored with their KV; forwards that no running request wants routing of keep none.
 - A vision-language model (a config with `vision_config`) takes `images` with a prompt: they
   are prefilled with it, and its prefix-cache key names each image by its hash, never by its
-  placeholder tokens alone (`hf_images`).
+  placeholder tokens alone (`images.py`).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class HFEngine:
     ) -> GenerationResult:
         """Generate for one prompt; returns when it stops, hits a limit or is aborted.
         `routed`: also return the routed experts of every position fed (MoE models).
-        `images`: the prompt's images, bytes inline (vision-language models, `hf_images`)."""
+        `images`: the prompt's images, bytes inline (vision-language models, `images.py`)."""
         self.validate(prompt, params, routed)
         if images and self.images is None:
             raise InvalidRequestError(

@@ -61,7 +61,7 @@ class EngineSequence:
     stop_reason: int | None = None
     routing: list[np.ndarray] | None = None  # chunks of (positions, layers, top_k); None: not asked
     # The prefix-cache key of the prompt: the prompt, each image's tokens named by its hash
-    # (`hf_images.Prepared.key`); and the prompt's images (None: a text prompt).
+    # (`images.Prepared.key`); and the prompt's images (None: a text prompt).
     key: list[int] = field(default_factory=list)
     images: Any = None
 

@@ -155,11 +155,11 @@ async def _completions(request: web.Request) -> web.Response:
         stop_reason=result.stop_reason,
         routed_experts=_routing(engine, result) if req.return_routed_experts else None,
     )
-    response = CompletionResponse(
+    response = CompletionResponse.one(
+        choice,
         id=request_id,
         created=int(time.time()),
         model=state["model_name"],
-        choices=[choice],
         usage={
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": len(result.token_ids),

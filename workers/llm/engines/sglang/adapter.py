@@ -10,7 +10,7 @@ What is SGLang's own:
 - Capacity: SGLang's max running requests over its data-parallel ranks.
 - Weights come from disk (`/update_weights_from_disk`, which flushes its prefix cache); a
   broadcast grant (`transfer`) is refused with 400: SGLang's NCCL update group is not wired to
-  the trainer's (sglang_mapping). It returns no routing.
+  the trainer's (mapping.py). It returns no routing.
 """
 
 from __future__ import annotations

@@ -48,8 +48,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from workers.llm.contract import (
     CompletionChoice,
     CompletionRequest,
@@ -57,7 +55,7 @@ from workers.llm.contract import (
     FinishReason,
 )
 from workers.llm.engines.exceptions import UpstreamError
-from workers.metrics import ReplicaCounters
+from workers.metrics import ReplicaCounters, prometheus_totals
 
 __all__ = [
     "SGLangUpstreamError",
@@ -164,22 +162,17 @@ def from_sglang_generate(
     usage = {"completion_tokens": len(token_ids)}
     if type(prompt_tokens) is int:
         usage |= {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(token_ids)}
-    return CompletionResponse(
-        id=request_id,
-        created=created,
-        model=model,
-        choices=[
-            CompletionChoice(
-                text=str(body.get("text") or ""),
-                token_ids=token_ids,
-                logprobs=logprobs,
-                finish_reason=finish,
-                stop_reason=stop,
-            )
-        ],
-        usage=usage,
-        policy_version=policy_version,
+    choice = CompletionChoice(
+        text=str(body.get("text") or ""),
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=finish,
+        stop_reason=stop,
     )
+    return CompletionResponse.one(
+        choice, usage=usage, id=request_id, created=created, model=model,
+        policy_version=policy_version,
+    )  # fmt: skip
 
 
 def map_sglang_error(status: int, body: Any) -> dict[str, dict[str, str]]:
@@ -209,11 +202,7 @@ def update_from_disk_body(path: str, version: int) -> dict[str, Any]:
 
 def parse_sglang_metrics(text: str) -> ReplicaCounters:
     """Sum SGLang's Prometheus text into the contract's counters; an absent series reads 0."""
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        wanted = {family.name, f"{family.name}_total"}
-        value = sum(s.value for s in family.samples if s.name in wanted)
-        totals[family.name] = totals.get(family.name, 0.0) + value
+    totals = prometheus_totals(text)
     return ReplicaCounters(**{f: totals.get(n, 0.0) for f, n in _SGLANG_FAMILIES.items()})
 
 

@@ -2,7 +2,7 @@
 front of it.
 
 Not in the registry's static list: `workers.llm.engines` offers it only where the `sglang`
-package is found by the interpreter chosen for it (`sglang_config.check_sglang_python`).
+package is found by the interpreter chosen for it (`config.check_sglang_python`).
 Started by `rollout replica serve --backend sglang --model DIR --port P [--tp N --dp N --pp N]
 [--sglang-python PY] [--sglang-arg ARG ...]`. Not proven against a running SGLang yet: it
 cannot run on the development machines' CPUs (README "SGLang" has the failure), and

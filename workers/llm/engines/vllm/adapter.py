@@ -51,7 +51,7 @@ class VLLMAdapter(GatedAdapter):
     """Serves the contract on top of one vLLM server at `upstream_url`."""
 
     backend = "vllm"
-    takes_images = True  # through GENERATE_PATH (vllm_mapping.to_vllm_generate)
+    takes_images = True  # through GENERATE_PATH (mapping.to_vllm_generate)
     transfer_backends = ("gloo", "nccl")  # its workers receive (vllm_worker.WeightSync)
     upstream_class = VLLMUpstream
     upstream: VLLMUpstream
@@ -67,7 +67,7 @@ class VLLMAdapter(GatedAdapter):
         super().__init__(**gate)
         self.num_experts = num_experts  # experts per MoE layer when vLLM returns routing
         # The model's image placeholder: vLLM expands it itself, so each expanded run goes
-        # back to one (vllm_mapping.collapse_image_placeholders).
+        # back to one (mapping.collapse_image_placeholders).
         self.image_token_id = image_token_id
 
     def _refuse(self, req: CompletionRequest) -> str | None:

@@ -169,7 +169,7 @@ def image_token_id(model_dir: str | Path) -> int | None:
     """The image placeholder's token id of a vision-language model directory
     (`image_token_index`, or `image_token_id` as newer configs spell it); None for a text model,
     a hub id or an unreadable config. The adapter cuts each image's expanded run of it back to
-    one before vLLM (`vllm_mapping.collapse_image_placeholders`)."""
+    one before vLLM (`mapping.collapse_image_placeholders`)."""
     if not takes_images(model_dir):
         return None
     config = json.loads((Path(model_dir) / "config.json").read_text())

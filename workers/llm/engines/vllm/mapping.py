@@ -54,7 +54,6 @@ from typing import Any
 
 import numpy as np
 import pybase64
-from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.routing import RoutedExperts
 from workers.llm.contract import (
@@ -64,7 +63,7 @@ from workers.llm.contract import (
     FinishReason,
 )
 from workers.llm.engines.exceptions import UpstreamError
-from workers.metrics import ReplicaCounters
+from workers.metrics import ReplicaCounters, prometheus_totals
 
 __all__ = [
     "FINISH_REASONS",
@@ -307,23 +306,21 @@ def from_vllm_completion(
         if num_experts is not None and routed is not None
         else None
     )
-    return CompletionResponse(
+    one = CompletionChoice(
+        text=str(choice.get("text") or ""),
+        token_ids=token_ids,
+        logprobs=None if logprobs is None else {"token_logprobs": logprobs},
+        finish_reason=_finish_reason(choice.get("finish_reason")),
+        # A stop *string* has no token id; the contract only reports stop tokens.
+        stop_reason=stop_reason if type(stop_reason) is int else None,
+        routed_experts=routing,
+    )
+    return CompletionResponse.one(
+        one,
+        usage={k: v for k, v in usage.items() if type(v) is int},
         id=request_id or str(body.get("id", "")),
         created=int(body.get("created", 0)),
         model=str(body.get("model", "")),
-        choices=[
-            CompletionChoice(
-                index=0,
-                text=str(choice.get("text") or ""),
-                token_ids=token_ids,
-                logprobs=None if logprobs is None else {"token_logprobs": logprobs},
-                finish_reason=_finish_reason(choice.get("finish_reason")),
-                # A stop *string* has no token id; the contract only reports stop tokens.
-                stop_reason=stop_reason if type(stop_reason) is int else None,
-                routed_experts=routing,
-            )
-        ],
-        usage={k: v for k, v in usage.items() if type(v) is int},
         policy_version=policy_version,
     )
 
@@ -359,11 +356,7 @@ _VLLM_FAMILIES: dict[str, tuple[str, ...]] = {
 
 def parse_vllm_metrics(text: str) -> VLLMMetrics:
     """Sum vLLM's Prometheus text into `VLLMMetrics`; a series that is absent reads 0."""
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        wanted = {family.name, f"{family.name}_total"}
-        value = sum(s.value for s in family.samples if s.name in wanted)
-        totals[family.name] = totals.get(family.name, 0.0) + value
+    totals = prometheus_totals(text)
     fields: dict[str, float] = {}
     for field, names in _VLLM_FAMILIES.items():
         fields[field] = next((totals[n] for n in names if n in totals), 0.0)

@@ -19,12 +19,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pipeline.harness.models.tiny import init_model  # noqa: E402
 from schemas.events import ExtraFields, ScoredTrajectory  # noqa: E402
 from schemas.media import ImageRef  # noqa: E402
 from workers.llm.contract import SamplingParams  # noqa: E402
 from workers.llm.engines.hf.engine import HFEngine, HFEngineConfig  # noqa: E402
 from workers.llm.engines.hf.kv_batch import cache_kwarg  # noqa: E402
-from workers.llm.model_init import init_model  # noqa: E402
 from workers.trainer.batching import collate  # noqa: E402
 from workers.trainer.images import load_policy  # noqa: E402
 from workers.trainer.step import response_log_probs  # noqa: E402
