@@ -183,6 +183,13 @@ class _Stage:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=60)
 
+    def kill(self) -> None:
+        """After a failed test: never leave the stage running."""
+        self._stop.set()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def outputs(self) -> Counter[str]:
         return Counter(r.value.decode() for r in _read_all(self.kafka, self.output))
 
@@ -206,8 +213,17 @@ class _Stage:
                 checked[partition] = max(checked.get(partition, 0), upto)
 
 
+@pytest.fixture
+def stages() -> Iterator[list[_Stage]]:
+    """The stages a test starts, killed at its end if it left them running."""
+    started: list[_Stage] = []
+    yield started
+    for stage in started:
+        stage.kill()
+
+
 def test_a_stage_loop_keeps_its_counts_exact_across_its_leaders_sigkill(
-    whole_cluster: ClusterState, unique: Callable[[str], str]
+    whole_cluster: ClusterState, unique: Callable[[str], str], stages: list[_Stage]
 ) -> None:
     kafka = whole_cluster.kafka()
     source = _topic(kafka, unique("failover-in"))
@@ -215,6 +231,7 @@ def test_a_stage_loop_keeps_its_counts_exact_across_its_leaders_sigkill(
     group = unique("failover-stage")
     count = 3000
     stage = _Stage(whole_cluster, source, output, group)
+    stages.append(stage)
     join = _feed(kafka, source, count, rate=200.0)
     time.sleep(4.0)
     coordinator = coordinator_of(kafka, group)
@@ -233,7 +250,7 @@ def test_a_stage_loop_keeps_its_counts_exact_across_its_leaders_sigkill(
 
 
 def test_a_consumer_group_survives_its_coordinators_broker_dying(
-    whole_cluster: ClusterState, unique: Callable[[str], str]
+    whole_cluster: ClusterState, unique: Callable[[str], str], stages: list[_Stage]
 ) -> None:
     kafka = whole_cluster.kafka()
     source = _topic(kafka, unique("coord-in"))
@@ -241,6 +258,7 @@ def test_a_consumer_group_survives_its_coordinators_broker_dying(
     group = unique("coord-stage")
     count = 2500
     stage = _Stage(whole_cluster, source, output, group)
+    stages.append(stage)
     join = _feed(kafka, source, count, rate=200.0)
     stage.wait_committed(400, timeout_s=60)
     coordinator = coordinator_of(kafka, group)
