@@ -90,6 +90,11 @@ class LocalKafkaConfig(BaseModel):
     port: int = Field(default=9092, ge=1, le=65535, description="Client port on localhost.")
     data_dir: str | None = Field(default=None, description="Default: ~/.rollout/kafka-<port>.")
     heap: str = Field(default="1g", pattern=r"^\d+[mg]$", description="JVM heap, e.g. 1g.")
+    cluster_heap: str = Field(
+        default="512m",
+        pattern=r"^\d+[mg]$",
+        description="JVM heap of each broker of `rollout kafka up --brokers N` (N JVMs share it).",
+    )
 
 
 class ProduceConfig(BaseModel):

@@ -2,7 +2,10 @@
 
 Creation is idempotent (an existing topic is left as it is and reported), and each topic gets
 its partitions, cleanup policy (compacted for `rl.policy` and `rl.replicas`), retention,
-`min.insync.replicas` and a `max.message.bytes` large enough for long trajectories. This
+`min.insync.replicas` and a `max.message.bytes` large enough for long trajectories. Unless the
+config sets them, the replication follows the cluster (`replication`): 3 replicas with
+`min.insync.replicas` 2 on three brokers or more (production: one broker may die and every
+acknowledged write is still on two), 1 and 1 on the one-broker development default. This
 module only lays the topics out (`topic_layouts`); `workers.kafka.admin.ensure_topics`, the
 one place that creates topics, creates them.
 
@@ -20,7 +23,7 @@ from typing import Any
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import UnknownTopicOrPartitionError
 
-from workers.kafka.admin import TopicLayout, ensure_topics, missing_topics
+from workers.kafka.admin import TopicLayout, cluster_brokers, ensure_topics, missing_topics
 from workers.kafka.clients import make_admin
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.exceptions import MissingTopicsError
@@ -30,40 +33,50 @@ __all__ = [
     "creates_missing",
     "delete_topics",
     "describe_topics",
+    "replication",
     "require_topics",
     "topic_configs",
     "topic_layouts",
 ]
 
 
-def topic_configs(topics: TopicsConfig, role: str) -> dict[str, str]:
+def topic_configs(topics: TopicsConfig, role: str, *, brokers: int = 1) -> dict[str, str]:
     spec = topics.spec(role)
     return {
         "cleanup.policy": spec.cleanup_policy,
         "retention.ms": str(spec.retention_ms),
         "max.message.bytes": str(topics.max_message_bytes),
-        "min.insync.replicas": str(topics.min_insync_replicas),
+        "min.insync.replicas": str(topics.replication_for(brokers)[1]),
     }
 
 
-def topic_layouts(topics: TopicsConfig, roles: Sequence[str] | None = None) -> list[TopicLayout]:
-    """How each topic of `roles` (all by default) is created."""
+def topic_layouts(
+    topics: TopicsConfig, roles: Sequence[str] | None = None, *, brokers: int = 1
+) -> list[TopicLayout]:
+    """How each topic of `roles` (all by default) is created on a cluster of `brokers`."""
     return [
         TopicLayout(
             topics.name(role),
             topics.spec(role).partitions,
-            topics.replication_factor,
-            topic_configs(topics, role),
+            topics.replication_for(brokers)[0],
+            topic_configs(topics, role, brokers=brokers),
         )
         for role in roles or topics.ROLES
     ]
+
+
+def replication(kafka: KafkaConfig, topics: TopicsConfig) -> tuple[int, int, int]:
+    """(replication factor, min.insync.replicas, brokers) the run's topics get on `kafka`."""
+    brokers = cluster_brokers(kafka)
+    return (*topics.replication_for(brokers), brokers)
 
 
 def create_topics(
     kafka: KafkaConfig, topics: TopicsConfig, roles: list[str] | None = None
 ) -> dict[str, str]:
     """Create the topics of `roles` (all by default); return name → 'created' | 'exists'."""
-    return dict(ensure_topics(kafka, topic_layouts(topics, roles)))
+    layouts = topic_layouts(topics, roles, brokers=cluster_brokers(kafka))
+    return dict(ensure_topics(kafka, layouts))
 
 
 def require_topics(
@@ -127,6 +140,8 @@ def describe_topics(kafka: KafkaConfig, topics: TopicsConfig) -> list[dict[str, 
                     "cleanup.policy": conf.get("cleanup.policy"),
                     "retention.ms": conf.get("retention.ms"),
                     "max.message.bytes": conf.get("max.message.bytes"),
+                    "replication": len(metadata[name]["partitions"][0]["replica_nodes"]),
+                    "min.insync.replicas": conf.get("min.insync.replicas"),
                 }
             )
         return rows

@@ -13,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,21 +25,67 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def rollout_home_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's ROLLOUT_HOME, where the brokers it starts record themselves."""
+    home = tmp_path_factory.mktemp("rollout-home")
+    os.environ["ROLLOUT_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The session's broker: ROLLOUT_TEST_BOOTSTRAP, else one started here (a cluster of
+    ROLLOUT_TEST_BROKERS brokers when that is 3 or more, else one broker)."""
     existing = os.environ.get("ROLLOUT_TEST_BOOTSTRAP")
     if existing:
         yield existing
         return
+    if int(os.environ.get("ROLLOUT_TEST_BROKERS", "1")) >= 3:
+        yield request.getfixturevalue("kafka_cluster").bootstrap
+        return
     from pipeline.broker.local import start_broker, stop_broker
 
-    home = tmp_path_factory.mktemp("rollout-home")
-    os.environ["ROLLOUT_HOME"] = str(home)
+    home = request.getfixturevalue("rollout_home_dir")
     port = free_port()
     state = start_broker(port, home / "kafka", quiet=True)
     try:
         yield state.bootstrap
     finally:
         stop_broker(port, purge=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(rollout_home_dir: Path) -> Iterator[Any]:
+    """A real cluster of ROLLOUT_TEST_BROKERS (default 3) KRaft brokers, started once per
+    session (only if a test asks for it): topics replicated 3, min.insync.replicas 2. Tests
+    that kill or stop a broker ask for `whole_cluster`, which makes it whole again after."""
+    from pipeline.broker.cluster import start_cluster, stop_cluster
+
+    brokers = max(3, int(os.environ.get("ROLLOUT_TEST_BROKERS", "3")))
+    ports = [free_port() for _ in range(brokers)]
+    state = start_cluster(
+        ports[0], brokers, rollout_home_dir / "cluster", ports=ports, heap="512m", quiet=True
+    )
+    try:
+        yield state
+    finally:
+        stop_cluster(state.port, purge=True)
+
+
+@pytest.fixture
+def whole_cluster(kafka_cluster: Any) -> Iterator[Any]:
+    """The session's cluster, every broker running and every replica in sync before and
+    after the test (a broker the test killed is started again)."""
+    from pipeline.broker.cluster import start_cluster
+    from pipeline.broker.leaders import wait_in_sync
+
+    def whole() -> None:
+        start_cluster(kafka_cluster.port, len(kafka_cluster.ports), quiet=True)
+        wait_in_sync(kafka_cluster.kafka(), timeout_s=180)
+
+    whole()
+    yield kafka_cluster
+    whole()
 
 
 @pytest.fixture

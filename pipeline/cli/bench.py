@@ -358,6 +358,21 @@ BENCHES: tuple[Bench, ...] = (
         model_help="A MoE model directory (default: build the moe preset).",
     ),
     Bench(
+        "failover",
+        "Three brokers, the pipeline running, the leader of rl.turns SIGKILLed: rates, stall.",
+        {
+            "runs": (3, "Runs, each on a cluster of its own."),
+            "samples": (4000, "Samples produced for each run (enough to outlast it)."),
+            "before_s": (30.0, "Seconds measured before the kill."),
+            "after_s": (30.0, "Seconds measured once the cluster is whole again."),
+            "down_s": (10.0, "Seconds the killed broker stays down."),
+            "replicas": 2,
+            "workers": (2, "Agent-loop worker processes."),
+            "seed": (0, "Seed of the first run (the next runs: +1, +2)."),
+        },
+        check=None,
+    ),
+    Bench(
         "routing",
         "Load-aware vs local-only routing, 3 workers.",
         {

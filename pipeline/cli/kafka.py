@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cli.common import port, print_json
-from pipeline.config import RunConfig
+from pipeline.config import ConfigError, RunConfig
 
 __all__ = ["add_parsers"]
 
@@ -20,6 +20,8 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline.broker.local import start_broker
 
     port = args.port or cfg.local_kafka.port
+    if args.brokers != 1:
+        return _cluster_up(args, cfg, port)
     state = start_broker(
         port,
         args.data_dir or cfg.local_kafka.data_dir,
@@ -36,6 +38,25 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
             f"rollout kafka creds --port {port} --user NAME",
             file=sys.stderr,
         )
+    print(state.bootstrap)
+    return 0
+
+
+def _cluster_up(args: argparse.Namespace, cfg: RunConfig, port: int) -> int:
+    from pipeline.broker.cluster import start_cluster
+
+    if args.secure:
+        raise ConfigError("--secure is for one broker; a cluster is PLAINTEXT for now")
+    if args.brokers < 3:
+        raise ConfigError("--brokers: 1 (one broker) or 3 and more (a cluster with failover)")
+    state = start_cluster(
+        port,
+        args.brokers,
+        args.data_dir or cfg.local_kafka.data_dir,
+        heap=cfg.local_kafka.cluster_heap,
+    )
+    if state.reused:
+        print(f"Kafka cluster already running at {state.bootstrap}", file=sys.stderr)
     print(state.bootstrap)
     return 0
 
@@ -80,18 +101,29 @@ def cmd_kafka_grant(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def cmd_kafka_down(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker.cluster import find_cluster, stop_cluster
     from pipeline.broker.local import stop_broker
 
     port = args.port or cfg.local_kafka.port
+    if (cluster := find_cluster(port)) is not None:
+        stop_cluster(cluster.port, purge=args.purge)
+        print(f"Kafka cluster at {cluster.bootstrap}: stopped")
+        return 0
     stopped = stop_broker(port, purge=args.purge)
     print(f"Kafka on port {port}: {'stopped' if stopped else 'was not running (not ours)'}")
     return 0
 
 
 def cmd_kafka_status(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from pipeline.broker.cluster import cluster_status, find_cluster
     from pipeline.broker.local import broker_status
 
-    status = broker_status(args.port or cfg.local_kafka.port)
+    port = args.port or cfg.local_kafka.port
+    if (cluster := find_cluster(port)) is not None:
+        status = cluster_status(cluster)
+        print_json(status)
+        return 0 if all(b["registered"] for b in status["brokers"]) else 1
+    status = broker_status(port)
     print_json(status)
     return 0 if status["answering"] else 1
 
@@ -103,6 +135,12 @@ def cmd_topics(args: argparse.Namespace, cfg: RunConfig) -> int:
     from pipeline import topics
 
     if args.action == "create":
+        replication, min_isr, brokers = topics.replication(cfg.kafka, cfg.topics)
+        print(
+            f"replication {replication}, min.insync.replicas {min_isr} "
+            f"({brokers} broker{'s' if brokers != 1 else ''})",
+            file=sys.stderr,
+        )
         for name, outcome in topics.create_topics(cfg.kafka, cfg.topics).items():
             print(f"{name}\t{outcome}")
     elif args.action == "describe":
@@ -124,8 +162,14 @@ def add_parsers(sub: Any) -> None:
     up = ksub.add_parser(
         "up", help="Start (or reuse) the local broker; prints the bootstrap address."
     )
-    up.add_argument("--port", type=port, help=PORT_HELP)
+    up.add_argument("--port", type=port, help=PORT_HELP + " With --brokers N: the first's.")
     up.add_argument("--data-dir", help=DATA_DIR_HELP)
+    up.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="1 (default) or a cluster of 3+ (KRaft combined nodes on ports PORT, PORT+1, …).",
+    )
     up.add_argument(
         "--secure", action="store_true", help="SASL_SSL (SCRAM-SHA-512 over TLS) with ACLs."
     )
@@ -161,11 +205,13 @@ def add_parsers(sub: Any) -> None:
     grant.add_argument("--group", help="Consumer group the user may join (READ).")
     grant.add_argument("--prefixed", action="store_true", help="Names are prefixes.")
     grant.set_defaults(handler=cmd_kafka_grant)
-    down = ksub.add_parser("down", help="Stop the broker started by `up`.")
+    down = ksub.add_parser("down", help="Stop the broker (or every broker) `up` started.")
     down.add_argument("--port", type=port, help=PORT_HELP)
     down.add_argument("--purge", action="store_true", help="Delete its data directory too.")
     down.set_defaults(handler=cmd_kafka_down)
-    status = ksub.add_parser("status", help="Is the local broker answering?")
+    status = ksub.add_parser(
+        "status", help="Is the local broker answering? (A cluster: each broker, what it leads.)"
+    )
     status.add_argument("--port", type=port, help=PORT_HELP)
     status.set_defaults(handler=cmd_kafka_status)
 

@@ -94,7 +94,10 @@ class PromptProducer:
         )
         future.add_errback(self._failures.append)
 
-    def flush(self, timeout_s: float | None = 60.0) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every prompt sent is acknowledged by the in-sync replicas (`None`: as
+        long as that takes; each record is retried for `kafka.delivery_timeout_ms`, through a
+        broker's loss and the election of its partitions' new leaders)."""
         try:
             self._producer.flush(timeout=timeout_s)
         except KafkaError as exc:

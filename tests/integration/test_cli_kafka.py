@@ -14,6 +14,61 @@ from tests.conftest import free_port, run_cli
 pytestmark = pytest.mark.kafka
 
 
+def _three_free_ports() -> int:
+    """A port P with P, P+1 and P+2 all free a moment ago."""
+    import socket
+
+    for _ in range(100):
+        first = free_port()
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", first + 1))
+                b.bind(("127.0.0.1", first + 2))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no three consecutive free ports")
+
+
+@pytest.mark.long
+def test_kafka_up_brokers_3_is_a_cluster_status_lists_each_broker_and_down_stops_all(
+    tmp_path,
+) -> None:
+    port = _three_free_ports()
+    env = {"ROLLOUT_HOME": str(tmp_path / "home")}
+    up = run_cli("kafka", "up", "--brokers", "3", "--port", str(port), env=env, timeout=300)
+    bootstrap = ",".join(f"localhost:{port + i}" for i in range(3))
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == bootstrap
+        again = run_cli("kafka", "up", "--brokers", "3", "--port", str(port), env=env)
+        assert again.returncode == 0 and "already running" in again.stderr
+
+        flags = ("--bootstrap", bootstrap, "--set", "topics.prefix=cl.")
+        created = run_cli(*flags, "topics", "create", env=env)
+        assert created.returncode == 0, created.stderr
+        assert "replication 3, min.insync.replicas 2 (3 brokers)" in created.stderr
+        described = [
+            json.loads(line) for line in run_cli(*flags, "topics", "describe").stdout.splitlines()
+        ]
+        assert {(d["replication"], d["min.insync.replicas"]) for d in described} == {(3, "2")}
+
+        status = run_cli("kafka", "status", "--port", str(port + 1), env=env)  # any member
+        assert status.returncode == 0, status.stdout
+        brokers = json.loads(status.stdout)["brokers"]
+        assert [b["node"] for b in brokers] == [1, 2, 3]
+        assert all(b["registered"] and b["running"] for b in brokers)
+        # every partition of the run's topics is led by exactly one broker
+        led = [p for b in brokers for p in b["leads"].get("cl.turns", [])]
+        assert sorted(led) == [0, 1, 2, 3]
+        assert json.loads(status.stdout)["under_replicated_partitions"] == 0
+    finally:
+        down = run_cli("kafka", "down", "--port", str(port), env=env, timeout=120)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    after = run_cli("kafka", "status", "--port", str(port), env=env)
+    assert after.returncode == 1 and json.loads(after.stdout)["answering"] is False
+
+
 def test_kafka_up_is_idempotent_and_down_stops_it(tmp_path) -> None:
     port = free_port()
     env = {"ROLLOUT_HOME": str(tmp_path / "home")}
@@ -53,6 +108,7 @@ def test_topics_produce_and_consume(kafka_bootstrap, tmp_path, unique) -> None:
     flags = ["--bootstrap", kafka_bootstrap, "--set", f"topics.prefix={prefix}"]
     created = run_cli(*flags, "topics", "create")
     assert created.returncode == 0, created.stderr
+    assert "replication 1, min.insync.replicas 1 (1 broker)" in created.stderr
     assert f"{prefix}prompts\tcreated" in created.stdout
     assert f"{prefix}policy\tcreated" in created.stdout
 

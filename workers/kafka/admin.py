@@ -5,6 +5,8 @@
   `ensure_changelog` for a stage's changelog, the benchmarks for their scratch topics). An
   existing topic is left as it is; one another process creates meanwhile counts as created.
 - `missing_topics`, `topic_partitions`: what exists, and with how many partitions.
+- `cluster_brokers(kafka)`: how many brokers the cluster has, which sets the replication of
+  topics whose `TopicsConfig` leaves it unset (`TopicsConfig.replication_for`).
 - `ensure_changelog(kafka, topics, name, partitions)` creates a stage's compacted changelog
   topic with as many partitions as its source topic (a key's state lives on the changelog
   partition of its source partition), and refuses one that exists with another count: the
@@ -38,6 +40,7 @@ from workers.kafka.config import KafkaConfig, TopicsConfig
 
 __all__ = [
     "TopicLayout",
+    "cluster_brokers",
     "ensure_changelog",
     "ensure_topics",
     "group_offsets",
@@ -127,17 +130,32 @@ def topic_partitions(kafka: KafkaConfig, topic: str) -> int | None:
     return None
 
 
+def cluster_brokers(kafka: KafkaConfig) -> int:
+    """The brokers of the cluster (fenced ones too: a broker down for a moment is a member)."""
+    admin = make_admin(kafka)
+    try:
+        return len(admin.describe_cluster().get("brokers", [])) or 1
+    finally:
+        admin.close()
+
+
 def ensure_changelog(kafka: KafkaConfig, topics: TopicsConfig, name: str, partitions: int) -> None:
-    """Create the compacted changelog `name` with `partitions` partitions if it is missing."""
+    """Create the compacted changelog `name` with `partitions` partitions if it is missing,
+    replicated as the run's topics are (a stage's state survives what its input survives)."""
     existing = topic_partitions(kafka, name)
     if existing is None:
+        replicas, isr = topics.replication_for(cluster_brokers(kafka))
         configs = {
             "cleanup.policy": "compact",
             "max.message.bytes": str(topics.max_message_bytes),
-            "min.insync.replicas": str(topics.min_insync_replicas),
+            "min.insync.replicas": str(isr),
         }
-        ensure_topics(kafka, [TopicLayout(name, partitions, topics.replication_factor, configs)])
-        existing = topic_partitions(kafka, name)
+        ensure_topics(kafka, [TopicLayout(name, partitions, replicas, configs)])
+        # On a cluster a new topic reaches every broker's metadata a moment after the one
+        # that created it answered: a stage asked another broker and found none (it exited).
+        deadline = time.monotonic() + 30
+        while (existing := topic_partitions(kafka, name)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
     if existing != partitions:
         raise RolloutError(
             f"changelog topic {name} has {existing} partitions, its source topic {partitions}"

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from workers.kafka.clients import make_aio_consumer
 from workers.kafka.config import KafkaConfig
+from workers.kafka.retry import retrying
 
 __all__ = ["ChangelogTable"]
 
@@ -84,7 +85,7 @@ class ChangelogTable:
         try:
             tps = [TopicPartition(self.topic, p) for p in wanted]
             consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
+            ends = await retrying(lambda: consumer.end_offsets(tps), f"end offsets of {self.topic}")
             await consumer.seek_to_beginning(*tps)
             left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
             while left:

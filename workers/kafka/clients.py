@@ -8,10 +8,25 @@ Every setting is derived here from `KafkaConfig`, one way for both libraries:
 - Connection and security (`connection_kwargs`, `aio_connection_kwargs`): the bootstrap
   servers, `request_timeout_ms`, SASL and TLS; kafka-python's clients also wait at most
   `bootstrap_timeout_ms` for their first broker.
+- kafka-python's clients connect as they are made; when that times out on a cluster, each
+  bootstrap server is tried alone (`_connect`): a frozen broker in the list must not keep a
+  new client from the live ones.
 - Producers are idempotent with `acks=all` (an output counts only once every in-sync replica
   has it), linger `LINGER_MS`, and send records as large as `max_request_size`. aiokafka's
   batch `BATCH_BYTES`: its 16 KiB default puts each trajectory or turn (10+ KB) in a batch
   of its own and crawls.
+- A broker's loss is not an error (three brokers, topics replicated 3, `min.insync.replicas`
+  2): a produce to a dead leader, `NOT_LEADER_OR_FOLLOWER` and `LEADER_NOT_AVAILABLE` are
+  retried after a metadata refresh. kafka-python's producer retries without a count until
+  `delivery_timeout_ms` (`KafkaConfig`, 120 s); aiokafka's idempotent producer never expires a
+  batch that has a leader (it retries in sequence until acknowledged) and fails one only when
+  its partition has had no leader for `request_timeout_ms` (30 s; an election takes the
+  brokers' session timeout, 6 s on the local cluster). Both keep one sequence per partition, so
+  a retried batch the old leader had written is not written twice. kafka-python's clients
+  reconnect to a broker that comes back within `RECONNECT_BACKOFF_MAX_MS` (its 30 s default
+  left a restarted leader unused for up to half a minute). Consumers follow moved leaders and
+  coordinators by themselves; their commits retry every retriable error (a coordinator that
+  moved or is loading) and fail only when the group has rebalanced.
 - Consumers never auto-commit (each stage commits after the outputs a record caused are
   acknowledged), start at the earliest offset when nothing is committed, and fetch records
   as large as `max_request_size` (per partition; `FETCH_MAX_BYTES` or more per fetch).
@@ -48,6 +63,8 @@ __all__ = [
     "MAX_POLL_INTERVAL_MS",
     "MIN_HEARTBEAT_S",
     "MIN_REBALANCE_TIMEOUT_S",
+    "RECONNECT_BACKOFF_MAX_MS",
+    "ack_wait_s",
     "aio_connection_kwargs",
     "connection_kwargs",
     "make_admin",
@@ -65,6 +82,7 @@ MAX_POLL_INTERVAL_MS = 600_000  # a stateful stage's batch (scoring, a table res
 MIN_REBALANCE_TIMEOUT_S = 60.0
 HEARTBEATS_PER_SESSION = 10
 MIN_HEARTBEAT_S = 1.0
+RECONNECT_BACKOFF_MAX_MS = 1000
 
 
 # --- settings ---------------------------------------------------------------------------
@@ -79,6 +97,7 @@ def connection_kwargs(config: KafkaConfig) -> dict[str, Any]:
         # Only a client's first connection waits this long; later reconnects (a broker
         # restart under a running stage) retry without a deadline.
         "bootstrap_timeout_ms": config.bootstrap_timeout_ms,
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
     }
     if config.security_protocol.startswith("SASL"):
         kwargs["sasl_mechanism"] = config.sasl_mechanism
@@ -158,19 +177,19 @@ def _reveal(secret: SecretStr | None) -> str | None:
 def make_producer(
     config: KafkaConfig, *, name: str = "producer", **overrides: Any
 ) -> KafkaProducer:
-    """An idempotent, acks=all producer of raw bytes (keys are str or bytes)."""
+    """An idempotent, acks=all producer of raw bytes (keys are str or bytes) that retries a
+    record for `delivery_timeout_ms`."""
     kwargs: dict[str, Any] = {
         **connection_kwargs(config),
         **_producer_settings(config),
+        "delivery_timeout_ms": config.delivery_timeout_ms,
         "client_id": f"{config.client_id}-{name}",
         "key_serializer": DefaultSerializer(),  # str keys as UTF-8, bytes as they are
         "allow_auto_create_topics": False,
     }
     kwargs.update(overrides)
-    try:
-        return KafkaProducer(**kwargs)
-    except KafkaError as exc:
-        raise _unavailable(config, "producer", exc) from exc
+    producer: KafkaProducer = _connect(KafkaProducer, (), kwargs, config, "producer")
+    return producer
 
 
 def make_consumer(
@@ -188,10 +207,8 @@ def make_consumer(
         "allow_auto_create_topics": False,
     }
     kwargs.update(overrides)
-    try:
-        return KafkaConsumer(*topics, **kwargs)
-    except KafkaError as exc:
-        raise _unavailable(config, "consumer", exc) from exc
+    consumer: KafkaConsumer = _connect(KafkaConsumer, topics, kwargs, config, "consumer")
+    return consumer
 
 
 def make_admin(config: KafkaConfig, *, name: str = "admin", **overrides: Any) -> KafkaAdminClient:
@@ -201,10 +218,37 @@ def make_admin(config: KafkaConfig, *, name: str = "admin", **overrides: Any) ->
         "client_id": f"{config.client_id}-{name}",
     }
     kwargs.update(overrides)
+    admin: KafkaAdminClient = _connect(KafkaAdminClient, (), kwargs, config, "admin client")
+    return admin
+
+
+def _connect(
+    factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any], config: KafkaConfig, what: str
+) -> Any:
+    """`factory(*args, **kwargs)`, a kafka-python client that connects as it is made. If its
+    bootstrap times out and there are several servers, each is tried alone: a SIGSTOPped
+    (frozen) broker accepts the TCP connection but never answers, and kafka-python waited on it
+    for all of `bootstrap_timeout_ms` instead of asking the others."""
     try:
-        return KafkaAdminClient(**kwargs)
+        return factory(*args, **kwargs)
+    except KafkaTimeoutError as exc:
+        last: KafkaError = exc
+        servers = list(kwargs.get("bootstrap_servers") or [])
+        for server in servers if len(servers) > 1 else []:
+            try:
+                return factory(*args, **{**kwargs, "bootstrap_servers": [server]})
+            except KafkaError as again:
+                last = again
+        raise _unavailable(config, what, last) from last
     except KafkaError as exc:
-        raise _unavailable(config, "admin client", exc) from exc
+        raise _unavailable(config, what, exc) from exc
+
+
+def ack_wait_s(config: KafkaConfig) -> float:
+    """How long to wait on a kafka-python record's future (or a flush): by then the producer
+    has delivered the record or failed it (`delivery_timeout_ms`, which outlasts an election;
+    a fixed 30 s did not outlast a frozen leader's request timeout and the election after)."""
+    return config.delivery_timeout_ms / 1000 + 5.0
 
 
 def _unavailable(config: KafkaConfig, client: str, exc: KafkaError) -> KafkaUnavailableError:

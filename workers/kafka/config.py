@@ -55,9 +55,23 @@ class KafkaConfig(BaseModel):
         ge=100,
         description="How long a new client tries to reach a broker before it gives up.",
     )
+    delivery_timeout_ms: int = Field(
+        default=120_000,
+        ge=10_000,
+        description=(
+            "How long a producer keeps retrying a record (through a broker's loss and the "
+            "election of new leaders) before it fails it; kafka-python's delivery.timeout.ms."
+        ),
+    )
     max_request_size: int = Field(
         default=16 * 1024 * 1024, ge=1024 * 1024, description="Largest message a producer sends."
     )
+
+    @model_validator(mode="after")
+    def _delivery(self) -> KafkaConfig:
+        if self.delivery_timeout_ms < self.request_timeout_ms:
+            raise ValueError("delivery_timeout_ms must be at least request_timeout_ms")
+        return self
 
     @field_validator("bootstrap_servers", mode="before")
     @classmethod
@@ -118,8 +132,22 @@ class TopicsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prefix: str = Field(default="rl.", description="Prepended to every topic name.")
-    replication_factor: int = Field(default=1, ge=1, description="3 in production.")
-    min_insync_replicas: int = Field(default=1, ge=1, description="2 in production.")
+    replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Replicas of every topic; unset: 3 on a cluster of 3 or more brokers (production), "
+            "1 on one broker."
+        ),
+    )
+    min_insync_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Replicas that must have a write before it is acknowledged (acks=all); unset: 2 "
+            "when the topics are replicated 3 or more, else 1."
+        ),
+    )
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1024 * 1024,
@@ -144,9 +172,18 @@ class TopicsConfig(BaseModel):
 
     @model_validator(mode="after")
     def _isr(self) -> TopicsConfig:
-        if self.min_insync_replicas > self.replication_factor:
+        isr, replicas = self.min_insync_replicas, self.replication_factor
+        if isr is not None and replicas is not None and isr > replicas:
             raise ValueError("min_insync_replicas cannot exceed replication_factor")
         return self
+
+    def replication_for(self, brokers: int) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) of the topics on a cluster of `brokers`:
+        the configured values, else 3 and 2 on three brokers or more, 1 and 1 below. A
+        replication factor larger than the cluster is kept (the broker refuses it, naming it)."""
+        replicas = self.replication_factor or (3 if brokers >= 3 else 1)
+        isr = self.min_insync_replicas or (2 if replicas >= 3 else 1)
+        return replicas, min(isr, replicas)
 
     ROLES: ClassVar[tuple[str, ...]] = (
         "prompts",

@@ -9,7 +9,9 @@ current end and returns what `pick` finds in each record (a key, a header), so t
 knows which outputs are already there and produces only the others.
 
 Partition counts are learnt once, through the stage's producer metadata, in `start`; the
-reader is a group-less consumer (nothing committed).
+reader is a group-less consumer (nothing committed). Offsets lookups are asked again while a
+partition's leader is being elected (`workers.kafka.retry`): a broker's loss delays a stage's
+commit, it does not end the stage.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiokafka.partitioner import murmur2
 
 from workers.kafka.clients import make_aio_consumer
 from workers.kafka.config import KafkaConfig
+from workers.kafka.retry import retrying
 
 __all__ = ["OutputLedger", "partition_for"]
 
@@ -59,14 +62,14 @@ class OutputLedger:
 
     async def end_offsets(self, wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         tps = [TopicPartition(t, p) for t, p in sorted(wanted)]
-        ends = await self._consumer.end_offsets(tps)
+        ends = await retrying(lambda: self._consumer.end_offsets(tps), "end offsets")
         return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
 
     async def beginning_offsets(
         self, wanted: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], int]:
         tps = [TopicPartition(t, p) for t, p in sorted(wanted)]
-        starts = await self._consumer.beginning_offsets(tps)
+        starts = await retrying(lambda: self._consumer.beginning_offsets(tps), "start offsets")
         return {(tp.topic, tp.partition): offset for tp, offset in starts.items()}
 
     async def scan(
@@ -75,7 +78,7 @@ class OutputLedger:
         """What `pick` returns (None: nothing) for the records of `topic[partition]` from
         `offset` up to the end the partition has now."""
         tp = TopicPartition(topic, partition)
-        end = (await self._consumer.end_offsets([tp]))[tp]
+        end = (await retrying(lambda: self._consumer.end_offsets([tp]), "end offsets"))[tp]
         found: set[str] = set()
         if offset >= end:
             return found

@@ -37,8 +37,11 @@ bookkeeping) was also most of the reward stage's cost per turn.
 
 A failure in `process` (any Kafka error: the stages propagate them) ends the process at once
 with exit status 70 and commits nothing, so the batch is redelivered to whoever owns its
-partitions next; the stages de-duplicate. SIGTERM/SIGINT finish the batch in flight, commit
-and leave the group.
+partitions next; the stages de-duplicate. A broker's loss is not such a failure: the producers
+retry through the election (`workers.kafka.clients`), commits retry while the coordinator
+moves, and the offsets and committed-offset lookups are asked again (`workers.kafka.retry`);
+a batch then settles late, and its offsets are committed only once it has. SIGTERM/SIGINT
+finish the batch in flight, commit and leave the group.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from workers.kafka.changelog import ChangelogTable
 from workers.kafka.clients import make_aio_admin, make_aio_consumer
 from workers.kafka.config import KafkaConfig
+from workers.kafka.retry import retrying
 
 __all__ = ["EXIT_KAFKA_FAILURE", "StageLoop"]
 
@@ -310,14 +314,22 @@ class StageLoop:
 
     async def _fetch_committed(self, partitions: set[int]) -> dict[int, OffsetAndMetadata]:
         """The group's committed offset and metadata of each partition (-1, "" if none)."""
-        client_id = f"{self.kafka.client_id}-{self.group_id}-admin"
-        admin = make_aio_admin(self.kafka, client_id=client_id)
-        await admin.start()
-        try:
-            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-            found = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
-        finally:
-            await admin.close()
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+
+        async def ask() -> dict[TopicPartition, OffsetAndMetadata]:
+            client_id = f"{self.kafka.client_id}-{self.group_id}-admin"
+            admin = make_aio_admin(self.kafka, client_id=client_id)
+            await admin.start()
+            try:
+                found: dict[
+                    TopicPartition, OffsetAndMetadata
+                ] = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+                return found
+            finally:
+                await admin.close()
+
+        # The coordinator may be moving (its broker died): asked again, not fatal.
+        found = await retrying(ask, f"{self.group_id}'s committed offsets")
         none = OffsetAndMetadata(-1, "")
         return {tp.partition: found.get(tp, none) for tp in tps}
 

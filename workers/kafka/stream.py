@@ -22,9 +22,10 @@ from kafka.structs import OffsetAndMetadata
 
 from schemas.codec import decode
 from schemas.errors import DecodeError
-from workers.kafka.clients import make_consumer, make_producer
+from workers.kafka.clients import ack_wait_s, make_consumer, make_producer
 from workers.kafka.config import KafkaConfig
 from workers.kafka.dlq import KafkaDeadLetters
+from workers.kafka.retry import call_retrying
 
 __all__ = ["EventStream", "Received"]
 
@@ -58,6 +59,7 @@ class EventStream:
             kafka, *topics, group_id=group_id, name=stage, **consumer_overrides
         )
         self._producer = make_producer(kafka, name=f"{stage}-dlq")
+        self._ack_s = ack_wait_s(kafka)
         self.dlq = KafkaDeadLetters(self._producer, dlq_topic, stage=stage)
         self._next: dict[TopicPartition, int] = {}
 
@@ -86,7 +88,7 @@ class EventStream:
                     good.append(Received(record, event))
                 self._next[tp] = record.offset + 1
         for future in pending:
-            future.get(timeout=30)
+            future.get(timeout=self._ack_s)
         return good
 
     def __iter__(self) -> Iterator[Received]:
@@ -98,11 +100,11 @@ class EventStream:
         if not self._next:
             return
         offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._next.items()}
-        self._consumer.commit(offsets)
+        call_retrying(lambda: self._consumer.commit(offsets), "commit")
 
     def close(self) -> None:
         try:
-            self._producer.flush(timeout=30)
+            self._producer.flush(timeout=self._ack_s)
         finally:
             self._producer.close()
             self._consumer.close()

@@ -45,10 +45,11 @@ from kafka.structs import OffsetAndMetadata
 from schemas.codec import decode
 from schemas.errors import DecodeError
 from schemas.events import ScoredTrajectory, TrainingGroup
-from workers.kafka.clients import make_consumer, make_producer
+from workers.kafka.clients import ack_wait_s, make_consumer, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.dlq import KafkaDeadLetters
 from workers.kafka.exceptions import KafkaUnavailableError
+from workers.kafka.retry import call_retrying
 from workers.metrics import StageMetrics
 from workers.trainer.batching import TrajectoryBatch, collate, collate_groups
 from workers.trainer.exceptions import ConsumerClosedError
@@ -304,7 +305,9 @@ class TrajectoryConsumer:
         offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in chosen.items()}
         if offsets:
             try:
-                self._consumer.commit(offsets)
+                # A coordinator that moved or froze: asked again (kafka-python gives up on a
+                # commit after request_timeout_ms); a rebalanced group is not transient.
+                call_retrying(lambda: self._consumer.commit(offsets), f"commit on {self.topic}")
             except KafkaError as exc:
                 raise KafkaUnavailableError(f"commit on {self.topic} failed: {exc}") from exc
         return {position_key(tp.topic, tp.partition): o.offset for tp, o in offsets.items()}
@@ -317,7 +320,7 @@ class TrajectoryConsumer:
         self._state = _State.CLOSED
         try:
             if self._producer is not None:
-                self._producer.flush(timeout=30)
+                self._producer.flush(timeout=ack_wait_s(self._kafka))
                 self._producer.close()
         finally:
             self._consumer.close()
@@ -388,7 +391,7 @@ class TrajectoryConsumer:
                     pending.append(self._dead_letters().send_record(record, exc))
                 self._buffer.append((tp, record.offset + 1, entry))
         for future in pending:
-            future.get(timeout=30)
+            future.get(timeout=ack_wait_s(self._kafka))
 
     def _dead_letters(self) -> KafkaDeadLetters:
         if self._dlq is None:

@@ -58,6 +58,7 @@ from kafka.errors import KafkaError
 
 from schemas.codec import encode, headers_for
 from schemas.events import ReplicaInfo
+from workers.kafka.clients import ack_wait_s
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.trainer.config import LENT_REPLICA_PREFIX, LendConfig
 from workers.trainer.exceptions import TrainerError
@@ -292,7 +293,9 @@ class Lender:
     def _send(self, key: str, value: bytes | None, headers: list[Any]) -> None:
         topic = self.topics.name("replicas")
         try:
-            self.producer.send(topic, key=key, value=value, headers=headers).get(timeout=30)
+            self.producer.send(topic, key=key, value=value, headers=headers).get(
+                timeout=ack_wait_s(self.kafka)
+            )
         except KafkaError as exc:
             raise LendingError(f"lent replica {key} not acknowledged on {topic}: {exc}") from exc
 

@@ -53,7 +53,7 @@ from kafka.errors import KafkaError
 from schemas.events import PolicyVersion, TrainingGroup
 from schemas.stale import drop_headers, staleness, too_stale
 from workers.kafka.admin import missing_topics
-from workers.kafka.clients import make_producer
+from workers.kafka.clients import ack_wait_s, make_producer
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
 from workers.stopping import StopSignal
@@ -296,7 +296,7 @@ class Trainer:
             if self.publisher is not None:
                 self.publisher.close()
             self.consumer.close()
-            self.producer.flush(timeout=30)
+            self.producer.flush(timeout=ack_wait_s(self.kafka))
             self.producer.close()
             self.steplog.close()
         result.version = self.state.version
@@ -380,7 +380,7 @@ class Trainer:
     def _await_stale(self, pending: Pending) -> None:
         for future in pending.futures:
             try:
-                future.get(timeout=30)
+                future.get(timeout=ack_wait_s(self.kafka))
             except KafkaError as exc:
                 raise PublishError(f"stale group not acknowledged: {exc}") from exc
         pending.futures.clear()

@@ -64,12 +64,14 @@ SERVE_EVERY_S = 0.5  # broadcast: how often the publisher looks for replicas tha
 
 def send_policy_version(producer: Any, topics: TopicsConfig, event: PolicyVersion) -> None:
     """`event` on the policy topic (its one key, so compaction keeps the newest), waiting for
-    the broker's acknowledgement; `PublishError` when it does not come."""
+    the in-sync replicas' acknowledgement as long as the producer retries it (its
+    `delivery_timeout_ms`: through a broker's loss and the election after); `PublishError`
+    when it does not come."""
     future = producer.send(
         topics.name("policy"), key=POLICY_KEY, value=encode(event), headers=headers_for(event)
     )
     try:
-        future.get(timeout=30)
+        future.get(timeout=producer.config.get("delivery_timeout_ms", 120_000) / 1000 + 5.0)
     except KafkaError as exc:
         raise PublishError(f"PolicyVersion {event.version} not acknowledged: {exc}") from exc
 

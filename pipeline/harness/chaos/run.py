@@ -2,8 +2,10 @@
 
 `run_chaos(ChaosOptions(...))`:
 
-1. a broker of its own (so it may restart it) unless `bootstrap` names one, topics under a
-   fresh prefix, the tiny policy model;
+1. a broker of its own (so it may restart it) unless `bootstrap` names one, or with
+   `brokers=3` a cluster of its own (`pipeline.harness.chaos.cluster`: topics replicated 3 with
+   `min.insync.replicas` 2, and the broker faults), topics under a fresh prefix, the tiny
+   policy model;
 2. `samples / n` prompts (n samples each) produced up front;
 3. every stage as its own process (`LocalPipeline`, 2 agent-loop workers by default), with
    this driver as their supervisor: a process that exits on its own (a stage that lost the
@@ -14,7 +16,12 @@
    once the trainer has published a step since the last (the pipeline recovered): progress,
    not seconds, so the schedule fits a fast machine and a slow one. A fault and its recovery
    still take seconds (a SIGSTOP outlasts the session timeout, a trainer reloads its
-   model), so on a fast machine faults can still be pending at `topup_share`: the run then
+   model), so on a fast machine faults can still be pending at `topup_share`. A broker fault
+   runs in a thread until the cluster is whole again, while the supervisor and the progress
+   watch go on; the next fault waits for it. Each stage's progress (its output topics' end
+   offsets, `ProgressWatch`) is sampled throughout, and each broker fault's report has the
+   longest stall of every stage around it. On a fast machine faults can still be pending at
+   `topup_share`: the run then
    grows by half its samples (at most `max_topups` times) and the faults left fire as soon
    as the pipeline has recovered. A fault still waiting when `last_fault_share` is scored
    fails the run at once, before any drain;
@@ -32,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import tempfile
 import time
 import uuid
@@ -45,7 +51,15 @@ from typing import Any
 from pipeline.cli.options import option
 from pipeline.config import RunConfig
 from pipeline.harness.chaos.accounting import Accounting, account, expected_ids
-from pipeline.harness.chaos.faults import DEFAULT_FAULTS, Fault, schedule
+from pipeline.harness.chaos.cluster import (
+    BrokerFaultThread,
+    ChaosCluster,
+    ProgressWatch,
+    broker_report,
+    longest_stalls,
+    stalls,
+)
+from pipeline.harness.chaos.faults import DEFAULT_FAULTS, OwnBroker, inject, schedule
 from pipeline.harness.local_run import local_run_config, merge
 from workers.kafka.config import KafkaConfig
 
@@ -87,6 +101,12 @@ class ChaosOptions:
     bootstrap: str | None = option(
         None, "Use this broker (no broker fault).", flag="--bootstrap-existing", dest="existing"
     )
+    brokers: int = option(
+        1, "The run's own Kafka: 1 broker, or a cluster of 3 with the broker faults."
+    )
+    broker_down_s: float = 10.0  # a SIGKILLed broker is started again after this
+    broker_stop_s: float = 16.0  # SIGSTOP of a broker: past its 6 s and the stages' 10 s
+    stall_window_s: float = 30.0  # a stall that overlaps a broker fault or this after it
     run_dir: str | None = option(None, "Keep the run here (default: a temporary directory).")
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -142,27 +162,6 @@ def _read_topic(kafka: KafkaConfig, topic: str) -> list[Any]:
         consumer.close()
 
 
-class _Produced:
-    """Records ever written to a topic (the sum of its end offsets), read twice a second by
-    the driver's loop through one consumer kept for the run (it reconnects after a broker
-    restart) rather than a new connection each time."""
-
-    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
-        from kafka import TopicPartition
-
-        from workers.kafka.clients import make_consumer
-
-        self._consumer = make_consumer(kafka, group_id=None, name="chaos-progress")
-        parts = self._consumer.partitions_for_topic(topic) or ()
-        self._tps = [TopicPartition(topic, p) for p in parts]
-
-    def __call__(self) -> int:
-        return sum(self._consumer.end_offsets(self._tps).values()) if self._tps else 0
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
 def _generating(urls: list[str]) -> int:
     """Requests running or waiting on the replicas now (their `/info`)."""
     import json
@@ -180,6 +179,24 @@ def _generating(urls: list[str]) -> int:
 
 
 def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
+    """`_audit`, asked again for up to two minutes while a broker is down or frozen (a new
+    client's bootstrap can land on a SIGSTOPped broker and give up after 5 s)."""
+    from kafka.errors import KafkaError
+
+    from workers.kafka.exceptions import KafkaUnavailableError
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return _audit(cfg, expected, upto)
+        except (KafkaError, KafkaUnavailableError, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.info("chaos: audit failed (%r); again", exc)
+            time.sleep(1.0)
+
+
+def _audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accounting:
     from schemas.codec import decode_as
     from schemas.events import TrainingGroup
     from schemas.stale import describe_drop
@@ -203,28 +220,7 @@ def audit(cfg: RunConfig, expected: set[str], upto: int | None = None) -> Accoun
     return result
 
 
-class _Broker:
-    """The run's own broker, which the `broker` fault restarts (same port, same data)."""
-
-    def __init__(self, home: Path) -> None:
-        from workers.ports import free_port
-
-        self.port = free_port()
-        self.data = home / "kafka"
-        self.bootstrap = ""
-
-    def start(self) -> None:
-        from pipeline.broker.local import start_broker
-
-        self.bootstrap = start_broker(self.port, self.data, quiet=True).bootstrap
-
-    def stop(self, purge: bool = False) -> None:
-        from pipeline.broker.local import stop_broker
-
-        stop_broker(self.port, purge=purge)
-
-
-class _Supervisor:
+class Supervisor:
     """Restarts what exits on its own; counts every start by process name."""
 
     def __init__(self, pipe: Any) -> None:
@@ -242,43 +238,7 @@ class _Supervisor:
             self.restarts[proc.name] = self.restarts.get(proc.name, 0) + 1
 
 
-def _inject(
-    fault: Fault, pipe: Any, sup: _Supervisor, broker: _Broker | None, stop_s: float
-) -> dict[str, Any]:
-    started = time.monotonic()
-    if fault.kind == "broker":
-        if broker is None:
-            raise ValueError("the broker fault needs the run's own broker (no --bootstrap)")
-        broker.stop()
-        time.sleep(2.0)
-        broker.start()
-    else:
-        proc = pipe.process(fault.target)
-        sup.held.add(proc.name)
-        try:
-            if fault.kind == "stop":
-                proc.signal(signal.SIGSTOP)
-                time.sleep(stop_s)
-                proc.signal(signal.SIGCONT)
-            else:
-                proc.signal(signal.SIGKILL if fault.kind == "kill" else signal.SIGTERM)
-                deadline = time.monotonic() + 60
-                while proc.alive and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if proc.alive:
-                    proc.signal(signal.SIGKILL)
-                    time.sleep(0.5)
-                pipe.restart(proc.name)
-        finally:
-            sup.held.discard(proc.name)
-    return {
-        "fault": fault.name,
-        "trigger": fault.trigger,
-        "seconds": round(time.monotonic() - started, 1),
-    }
-
-
-def _produce(cfg: RunConfig, rows: list[dict[str, Any]], n: int) -> set[str]:
+def produce_prompts(cfg: RunConfig, rows: list[dict[str, Any]], n: int) -> set[str]:
     """Produce `rows` as prompts; the trajectory ids their samples will have."""
     from pipeline.data.producer import PromptProducer
 
@@ -296,10 +256,10 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
     started = time.monotonic()
     run = Path(opts.run_dir or tempfile.mkdtemp(prefix="rollout-chaos-"))
     run.mkdir(parents=True, exist_ok=True)
-    broker: _Broker | None = None
+    broker: OwnBroker | ChaosCluster | None = None
     if opts.bootstrap is None:
         os.environ.setdefault("ROLLOUT_HOME", str(run / "home"))
-        broker = _Broker(run)
+        broker = ChaosCluster(run, opts.brokers) if opts.brokers > 1 else OwnBroker(run)
         broker.start()
     bootstrap = opts.bootstrap or (broker.bootstrap if broker else "")
     prefix = f"chaos-{uuid.uuid4().hex[:8]}."
@@ -309,12 +269,20 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         create_topics(cfg.kafka, cfg.topics)
         prompts = -(-opts.samples // opts.n)
         rows = arithmetic_rows(prompts, seed=opts.seed)
-        expected = _produce(cfg, rows, opts.n)
+        expected = produce_prompts(cfg, rows, opts.n)
         topups = 0
         plan = schedule(list(opts.faults), opts.seed)
         log.info("chaos: %d samples, faults %s", len(expected), [(f.name, f.trigger) for f in plan])
         fired: list[dict[str, Any]] = []
         timeline: list[tuple[float, int, int]] = []
+        outputs = {
+            "agent-loop": ["turns"],
+            "reward": ["scored"],
+            "replay": ["replay", "stale"],
+            "trainer": ["policy"],
+        }
+        turns = cfg.topics.name("turns")
+        running: BrokerFaultThread | None = None  # a broker fault in progress
         pipe = LocalPipeline(
             cfg,
             run / "run",
@@ -324,10 +292,14 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
         )
         with (
             pipe,
-            closing(_Produced(cfg.kafka, cfg.topics.name("scored"))) as produced,
-            closing(_Produced(cfg.kafka, cfg.topics.name("policy"))) as versions,
+            closing(
+                ProgressWatch(
+                    cfg.kafka,
+                    {k: [cfg.topics.name(r) for r in roles] for k, roles in outputs.items()},
+                )
+            ) as watch,
         ):
-            sup = _Supervisor(pipe)
+            sup = Supervisor(pipe)
             deadline = started + opts.timeout_s
             result = audit(cfg, expected)
             scored = steps = 0
@@ -338,9 +310,16 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 # Waiting to fire while the replicas generate: the window can be a few seconds
                 # on a fast run, so look every 50 ms and audit (it reads topics) less often.
                 waiting = opts.trigger == "generating" and bool(plan)
-                # The share scored and the trainer's steps (end offsets: cheap) every turn of
-                # the loop, so a fault can land early in a short run; the full audit every 3 s.
-                scored, steps = produced(), versions()
+                # The share scored and the trainer's steps (sampled in the background) every
+                # turn of the loop, so a fault can land early in a short run; the full audit
+                # every 3 s.
+                scored, steps = watch.value("reward"), watch.value("trainer")
+                if running is not None and not running.is_alive():
+                    if running.error is not None or running.record is None:
+                        log.error("chaos: %s failed: %s", running.fault.name, running.error)
+                        break
+                    fired.append(broker_report(running, watch, opts.stall_window_s, started))
+                    running, steps_at_fault = None, watch.value("trainer")
                 if time.monotonic() - last_audit > (10.0 if waiting else 3.0):
                     result = audit(cfg, expected)
                     last_audit = time.monotonic()
@@ -369,7 +348,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                 ):
                     topups += 1
                     more = arithmetic_rows(prompts // 2, seed=opts.seed, split=f"topup{topups}")
-                    expected |= _produce(cfg, more, opts.n)
+                    expected |= produce_prompts(cfg, more, opts.n)
                     plan = [replace(f, trigger=0.0) for f in plan]  # overdue: fire when recovered
                     result = audit(cfg, expected)
                     log.info(
@@ -390,17 +369,32 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
                         [f.name for f in plan],
                     )
                     break
-                if plan and share >= plan[0].trigger and recovered:
+                if plan and share >= plan[0].trigger and recovered and running is None:
                     fault = plan.pop(0)
                     log.info("chaos: %s at %.0f%%", fault.name, 100 * share)
                     if opts.progress:
                         print(f"  fault {fault.name} at {100 * share:.0f}%", flush=True)
-                    fired.append(_inject(fault, pipe, sup, broker, opts.stop_s))
+                    if fault.on_cluster:
+                        if not isinstance(broker, ChaosCluster):
+                            raise ValueError(f"{fault.name} needs the run's own cluster")
+                        timing = {"down_s": opts.broker_down_s, "stop_s": opts.broker_stop_s}
+                        share_now = round(scored_share, 3)
+                        running = BrokerFaultThread(fault, broker, turns, share_now, **timing)
+                        running.start()
+                        continue
+                    at = time.monotonic()
+                    single = broker if isinstance(broker, OwnBroker) else None
+                    fired.append(inject(fault, pipe, sup, single, opts.stop_s))
                     fired[-1]["share"] = round(scored_share, 3)  # of samples scored by then
-                    steps_at_fault = versions()
-                if not plan and result.accounted >= result.expected:
+                    fired[-1]["at_s"] = round(at - started, 1)
+                    if fault.kind == "broker":
+                        fired[-1]["stall_s"] = stalls(
+                            watch, at, time.monotonic(), opts.stall_window_s
+                        )
+                    steps_at_fault = watch.value("trainer")
+                if not plan and running is None and result.accounted >= result.expected:
                     break
-                if plan and result.accounted >= result.expected:
+                if (plan or running is not None) and result.accounted >= result.expected:
                     # Nothing left for a fault to hit: report the faults that never fired.
                     log.warning(
                         "chaos: every sample accounted for before %s fired", [f.name for f in plan]
@@ -410,6 +404,12 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
             # Let late duplicates (a resumed SIGSTOPped worker, a redelivery) surface.
             time.sleep(5.0)
             sup.tick()
+            if running is not None:  # cut short by the deadline: its figures, if it ended
+                running.join(timeout=300)
+                if running.record is not None:
+                    fired.append(broker_report(running, watch, opts.stall_window_s, started))
+                else:
+                    plan.insert(0, running.fault)
         from workers.weights.checkpoint import load_latest
 
         latest = load_latest(cfg.trainer.checkpoint_dir)
@@ -422,6 +422,7 @@ def run_chaos(opts: ChaosOptions) -> dict[str, Any]:
             "samples": len(expected),
             "samples_added": len(expected) - prompts * opts.n,
             "faults_fired": fired,
+            "longest_stall_s": longest_stalls(fired),
             "faults_not_fired": [f.name for f in plan],
             "restarts": sup.restarts,
             "accounting": final.as_dict(),

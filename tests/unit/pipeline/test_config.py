@@ -125,6 +125,17 @@ def test_topic_names_and_specs() -> None:
         TopicsConfig(replication_factor=1, min_insync_replicas=2)
 
 
+def test_replication_follows_the_cluster_unless_configured() -> None:
+    # Unset: 1/1 on the one-broker default, production's 3/2 on three brokers or more.
+    assert TopicsConfig().replication_for(1) == (1, 1)
+    assert TopicsConfig().replication_for(3) == (3, 2)
+    assert TopicsConfig().replication_for(5) == (3, 2)
+    assert TopicsConfig(replication_factor=2).replication_for(3) == (2, 1)
+    assert TopicsConfig(replication_factor=3).replication_for(1) == (3, 2)  # the broker refuses
+    assert TopicsConfig(min_insync_replicas=3).replication_for(3) == (3, 3)
+    assert TopicsConfig(min_insync_replicas=2).replication_for(1) == (1, 1)
+
+
 def test_the_stages_shared_values_come_from_the_trainer() -> None:
     cfg = load_config(
         None, parse_overrides(["trainer.max_staleness=32", "trainer.train_batch_size=3"])

@@ -19,7 +19,7 @@ from kafka.errors import KafkaError
 from schemas.codec import encode, headers_for
 from schemas.errors import RolloutError
 from schemas.events import ReplicaInfo
-from workers.kafka.clients import make_producer
+from workers.kafka.clients import ack_wait_s, make_producer
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["ReplicaRegistration"]
@@ -82,7 +82,7 @@ class ReplicaRegistration:
         try:
             producer.send(
                 self.topic, key=info.replica_id, value=encode(info), headers=headers_for(info)
-            ).get(timeout=30)
+            ).get(timeout=ack_wait_s(self.kafka))
         finally:
             producer.close()
 
@@ -92,7 +92,9 @@ class ReplicaRegistration:
             return
         producer = make_producer(self.kafka, name=f"replica-{self.info.replica_id}")
         try:
-            producer.send(self.topic, key=self.info.replica_id, value=None).get(timeout=30)
+            producer.send(self.topic, key=self.info.replica_id, value=None).get(
+                timeout=ack_wait_s(self.kafka)
+            )
             log.info("replica %s left (tombstone on %s)", self.info.replica_id, self.topic)
         finally:
             producer.close()
