@@ -15,8 +15,8 @@ from tests.integration.agent_helpers import (
     run_worker_until,
     trajectory,
 )
-from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.app import AgentLoopWorker
+from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.clients import make_consumer, make_producer
 from workers.llm.contract import SamplingParams
 

@@ -252,9 +252,9 @@ async def _run_agent_loop(
     from transformers import AutoTokenizer
 
     from tests.integration.agent_helpers import ScriptedReplica
+    from workers.agent_loop.app import AgentLoopWorker
     from workers.agent_loop.config import AgentLoopConfig, AgentLoopWorkerConfig
     from workers.agent_loop.tools import load_tools
-    from workers.agent_loop.app import AgentLoopWorker
     from workers.llm.contract import SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -30,8 +30,8 @@ from schemas.events import TrainingGroup
 from schemas.media import ImageRef
 from tests.integration.agent_helpers import read_turns, run_worker_until
 from tests.integration.trainer_helpers import image_group, png
-from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.app import AgentLoopWorker
+from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.kafka.clients import make_consumer
 from workers.llm.contract import SamplingParams
 from workers.media.config import MediaConfig

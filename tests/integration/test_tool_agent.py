@@ -15,9 +15,9 @@ from tests.integration.agent_helpers import (
     run_worker_until,
     trajectory,
 )
+from workers.agent_loop.app import AgentLoopWorker
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.tools import load_tools
-from workers.agent_loop.app import AgentLoopWorker
 from workers.llm.contract import SamplingParams
 
 pytestmark = [pytest.mark.kafka]

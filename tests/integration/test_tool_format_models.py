@@ -39,12 +39,12 @@ from tests.integration.agent_helpers import (
     trajectory,
 )
 from tests.integration.test_tool_formats import CALCULATOR, FORMATS
+from workers.agent_loop.app import AgentLoopWorker
 from workers.agent_loop.config import AgentLoopConfig, AgentLoopWorkerConfig
 from workers.agent_loop.exceptions import ToolError
 from workers.agent_loop.parsers import get_parser
 from workers.agent_loop.tools import load_tools
 from workers.agent_loop.tools.calculator import evaluate
-from workers.agent_loop.app import AgentLoopWorker
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.contract import SamplingParams
 

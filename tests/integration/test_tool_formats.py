@@ -26,9 +26,9 @@ from tests.integration.agent_helpers import (
     trajectory,
 )
 from tests.integration.test_cli_first_contact import assert_one_line, rollout
+from workers.agent_loop.app import AgentLoopWorker
 from workers.agent_loop.config import AgentLoopWorkerConfig
 from workers.agent_loop.tools import load_tools
-from workers.agent_loop.app import AgentLoopWorker
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.llm.contract import SamplingParams
 from workers.ports import free_port
