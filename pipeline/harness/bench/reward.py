@@ -393,14 +393,14 @@ def _prepare(
     kafka: KafkaConfig, topic_sets: list[TopicsConfig], copies: list[str], events: list[TurnEvent]
 ) -> Any:
     """Create every topic and write the turns to each set's turns topic; the admin client."""
-    from pipeline.topics import create_topics
+    from pipeline.topics import create_topics, replication
     from workers.kafka.admin import TopicLayout, ensure_topics
     from workers.kafka.clients import make_admin, make_producer
 
     for topic_set in topic_sets:
         create_topics(kafka, topic_set)
     first = topic_sets[0]
-    layout = (first.scored.partitions, first.replication_factor)
+    layout = (first.scored.partitions, replication(kafka, first)[0])
     ensure_topics(kafka, [TopicLayout(c, *layout) for c in copies])
     admin = make_admin(kafka)
     producer = make_producer(kafka, name="bench")
