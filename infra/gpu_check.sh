@@ -152,6 +152,19 @@ while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
         time.sleep(2)
 sys.exit(1)' "$1" "$2"
 }
+# models PRESET NAME...: checkpoints of the preset in $WORK/models, the first of seed 0, the
+# next of seed 1 (the weights /update_weights loads), ...
+models() {
+  "$PY" - "$WORK/models" "$@" <<'EOF'
+import sys
+from pathlib import Path
+from pipeline.harness.models.tiny import init_model
+out, preset = Path(sys.argv[1]), sys.argv[2]
+for seed, name in enumerate(sys.argv[3:]):
+    init_model(out / name, preset=preset, seed=seed)
+    print("  wrote", out / name)
+EOF
+}
 
 cleanup() {
   local rc=$?
@@ -261,15 +274,7 @@ fi
 
 # ------------------------------------------------------------------ 2. tiny models
 log "building the tiny model (seed 0) and a second checkpoint (seed 1) for update_weights"
-"$PY" - "$WORK/models" <<'EOF' || die "model build failed"
-import sys
-from pathlib import Path
-from pipeline.harness.models.tiny import init_model
-out = Path(sys.argv[1])
-for name, seed in (("base", 0), ("alt", 1)):
-    init_model(out / name, preset="tiny", seed=seed)
-    print("  wrote", out / name)
-EOF
+models tiny base alt || die "model build failed"
 
 # ------------------------------------------------------------------ 3. replica
 CMD=("$PY" -m pipeline.cli.main replica serve --backend "$BACKEND" --model "$WORK/models/base"
@@ -347,15 +352,7 @@ fi
 if [[ "${ROUTING_CHECK:-1}" != 0 && ( "$BACKEND" == vllm || "$BACKEND" == hf ) ]]; then
   log "stopping the contract replica; building the moe preset (seeds 0 and 1)"
   stop_replica
-  "$PY" - "$WORK/models" <<'EOF' || die "moe model build failed"
-import sys
-from pathlib import Path
-from pipeline.harness.models.tiny import init_model
-out = Path(sys.argv[1])
-for name, seed in (("moe-base", 0), ("moe-alt", 1)):
-    init_model(out / name, preset="moe", seed=seed)
-    print("  wrote", out / name)
-EOF
+  models moe moe-base moe-alt || die "moe model build failed"
   CMD=("$PY" -m pipeline.cli.main replica serve --backend "$BACKEND" --model "$WORK/models/moe-base"
        --port "$PORT" --host 127.0.0.1 --replica-id gpu-check-moe --max-model-len 2048)
   if [[ "$BACKEND" == vllm ]]; then

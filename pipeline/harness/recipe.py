@@ -45,7 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoRecipe", "evaluate", "fine_tune", "offline_grpo", "warm_model", "warm_start"]
+__all__ = [
+    "DemoRecipe",
+    "evaluate",
+    "fine_tune",
+    "offline_grpo",
+    "sample",
+    "warm_model",
+    "warm_start",
+]
 
 log = logging.getLogger("rollout.demo")
 
@@ -257,6 +265,34 @@ def fine_tune(
     model.save_pretrained(str(model_dir), safe_serialization=True)
 
 
+def sample(
+    model: Any,
+    ids: Any,
+    attention: Any,
+    *,
+    max_tokens: int,
+    eos: int | list[int],
+    pad: int | None,
+    temperature: float = 1.0,
+) -> Any:
+    """`model.generate` without gradients, sampling at `temperature` from the whole
+    distribution (no top-k/top-p), as the replicas sample: prompt and response ids."""
+    import torch
+
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+
+
 def _generate(
     model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int
 ) -> tuple[list[list[int]], list[str]]:
@@ -270,18 +306,7 @@ def _generate(
     for i, pr in enumerate(prompts):
         ids[i, p - len(pr) :] = torch.tensor(pr)
         attention[i, p - len(pr) :] = 1
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_tokens,
-            eos_token_id=eos,
-            pad_token_id=pad,
-        )
+    out = sample(model, ids, attention, max_tokens=max_tokens, eos=eos, pad=pad)
     responses = []
     for row in out[:, p:].tolist():
         cut = row.index(eos) + 1 if eos in row else len(row)

@@ -4,7 +4,7 @@ Counters only grow. `snapshot()` is the counters sorted by name, then what a sta
 (`extra_snapshot`), then `uptime_s`, `last_batch_s` and `pid`; `write()` replaces the file at
 `path` atomically (write a temporary file, then rename), so a reader never sees half of one.
 `warn_growth` says in the log, with the count, when records were dropped as already done, so
-a drop is never silent.
+a drop is never silent; `log_every` logs the snapshot every so often.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class StageStats:
         self.started = time.time()
         self.last_batch_s = 0.0
         self._warned: dict[tuple[str, ...], tuple[int, float]] = {}
+        self._logged = time.monotonic()
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -57,6 +58,14 @@ class StageStats:
         if total > said and now - at >= every_s:
             self._warned[names] = (total, now)
             logger.warning(message, total)
+
+    def log_every(self, logger: logging.Logger, stage: str, every_s: float = 30.0) -> None:
+        """Log the snapshot at INFO (`<stage> stats: {...}`) when more than `every_s` passed
+        since it was last logged (or since these stats began)."""
+        now = time.monotonic()
+        if now - self._logged > every_s:
+            self._logged = now
+            logger.info("%s stats: %s", stage, self.snapshot())
 
     def write(self, extra: dict[str, Any] | None = None) -> None:
         """Write the snapshot (and `extra`) atomically to `path`, if one is set."""

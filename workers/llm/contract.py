@@ -58,6 +58,7 @@ __all__ = [
     "ReplicaStatus",
     "SamplingParams",
     "UpdateWeightsRequest",
+    "error_body",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -72,6 +73,17 @@ CAPACITY_HEADER = "X-Rollout-Capacity"
 runs at once (an integer ≥ 1: the hf engine's batch limit, vLLM's `max_num_seqs` × its
 data-parallel size); absent when the replica does not know. Also `capacity` in `/health` and
 `rollout_replica_capacity` at `/metrics`. The balancer ranks by load / capacity."""
+
+
+def error_body(
+    status: int, message: str, err_type: str, *, server: str
+) -> dict[str, dict[str, str]]:
+    """The contract's error body of an answer `status` from the inference server `server`
+    (an adapter's backend): its `message`, else "SERVER answered STATUS"; its `err_type`, else
+    `invalid_request_error` for a 4xx and `internal_error` for anything else."""
+    if not err_type:
+        err_type = "invalid_request_error" if 400 <= status < 500 else "internal_error"
+    return {"error": {"message": message or f"{server} answered {status}", "type": err_type}}
 
 
 class SamplingParams(BaseModel):

@@ -84,7 +84,6 @@ class ReplayStage:
             in_flight=lambda: self.processor.open_groups if self.processor else 0,
             policy_version=lambda: self.policy.version if self.policy else 0,
         )
-        self._last_log = time.monotonic()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -145,7 +144,4 @@ class ReplayStage:
             f"{self.config.group_id}) grouped before; no group is emitted twice",
             log,
         )
-        now = time.monotonic()
-        if now - self._last_log > 30:
-            self._last_log = now
-            log.info("replay stats: %s", self.stats.snapshot())
+        self.stats.log_every(log, "replay")

@@ -93,7 +93,6 @@ class RewardStage:
         self.pool: ScorerPool | None = None
         self.dispatcher: Dispatcher | None = None
         self.processor: TurnProcessor | None = None
-        self._last_log = time.monotonic()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -218,8 +217,5 @@ class RewardStage:
             f"(group {self.config.group_id}) scored before; nothing is scored twice",
             log,
         )
-        now = time.monotonic()
-        if now - self._last_log > 30:
-            self._last_log = now
-            log.info("reward stats: %s", self.stats.snapshot())
+        self.stats.log_every(log, "reward")
         return settle

@@ -58,6 +58,7 @@ __all__ = [
     "recv_pixels",
     "run_sharded_trainer",
     "send_pixels",
+    "train_policy",
     "world_size",
 ]
 
@@ -150,6 +151,23 @@ def build_policy(config: TrainerConfig, source: Path, state: TrainerState, ranks
         ref = load(state.source_model or config.model_dir).eval().requires_grad_(False)
     pad = model.config.get_text_config().pad_token_id  # a VL model: its LM's
     return Policy(model, optimizer, ref, int(pad) if pad is not None else 0)
+
+
+def train_policy(policy: Policy, batch: Any, config: TrainerConfig, ranks: Ranks) -> dict[str, Any]:
+    """This rank's share of one trainer step of `policy` on `batch` (`sharded_train_step`,
+    against the policy's frozen reference when it has one); every rank calls it alike."""
+    from workers.trainer.sharded_step import sharded_train_step
+
+    return sharded_train_step(
+        policy.model,
+        policy.optimizer,
+        batch,
+        config,
+        rank=ranks.rank,
+        world=ranks.world,
+        group=ranks.control,
+        ref_model=policy.ref_model,
+    )
 
 
 def _load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> bool:
@@ -292,18 +310,7 @@ class ShardedTrainer(Trainer):
         return batch
 
     def _train(self, batch: Any) -> dict[str, Any]:
-        from workers.trainer.sharded_step import sharded_train_step
-
-        return sharded_train_step(
-            self.model,
-            self.optimizer,
-            batch,
-            self.config,
-            rank=0,
-            world=self.ranks.world,
-            group=self.ranks.control,
-            ref_model=self.ref_model,
-        )
+        return train_policy(self.policy, batch, self.config, self.ranks)
 
     def _save(self, state: TrainerState) -> Path:
         _send(self.ranks, SAVE, value=state.version)
@@ -321,8 +328,6 @@ class ShardedTrainer(Trainer):
 
 def _follow(config: TrainerConfig, ranks: Ranks) -> None:
     """Ranks > 0: build the same policy, then obey rank 0's commands until stop."""
-    from workers.trainer.sharded_step import sharded_train_step
-
     root = Path(config.checkpoint_dir).resolve()
     ckpt = load_latest(root)
     state = ckpt.state if ckpt is not None else TrainerState(source_model=config.model_dir)
@@ -336,16 +341,7 @@ def _follow(config: TrainerConfig, ranks: Ranks) -> None:
             batch = _batch(payload, policy.pad_token_id, ranks.device)
             if batch.images is not None:  # rank 0 attached them and sends them next
                 batch.pixels = recv_pixels(ranks, ranks.device)
-            sharded_train_step(
-                policy.model,
-                policy.optimizer,
-                batch,
-                config,
-                rank=ranks.rank,
-                world=ranks.world,
-                group=ranks.control,
-                ref_model=policy.ref_model,
-            )
+            train_policy(policy, batch, config, ranks)
         elif kind == SAVE:
             save_sharded(root, version, policy, ranks)
 

@@ -45,11 +45,11 @@ import torch.distributed as dist
 from workers.trainer.batching import TrajectoryBatch
 from workers.trainer.config import TrainerConfig
 from workers.trainer.exceptions import TrainerError
-from workers.trainer.loss import METRIC_KEYS, summarize
+from workers.trainer.loss import METRIC_KEYS
 from workers.trainer.micro_batches import balanced_shares, first_fit_decreasing, sample_tokens
 from workers.trainer.packing import layout
 from workers.trainer.router_replay import COUNT_KEYS
-from workers.trainer.step import UpdateCounts, micro_loss, train_step
+from workers.trainer.step import UpdateCounts, micro_loss, train_step, update_result
 
 __all__ = ["KEYS", "rank_micro_batches", "shard_bounds", "sharded_train_step"]
 
@@ -132,13 +132,7 @@ def _update(
     local_loss = local_loss.to(on)
     dist.all_reduce(local_loss, group=group)
     parts = _gather_parts(rows, world, group, on)
-    metrics = summarize(parts)
-    metrics.update(
-        loss=float(local_loss),
-        grad_norm=grad_norm,
-        skipped_nonfinite=float(not math.isfinite(grad_norm)),
-    )
-    return metrics, parts
+    return update_result(parts, loss=float(local_loss), grad_norm=grad_norm)
 
 
 def _gather_parts(

@@ -223,9 +223,17 @@ def _update(
     if math.isfinite(grad_norm) and params:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return update_result(parts, loss=float(total), grad_norm=grad_norm)
+
+
+def update_result(
+    parts: list[dict[str, float]], *, loss: float, grad_norm: float
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """An optimiser update's metrics (its micro-batches' `parts` summarised, its `loss` and
+    `grad_norm`, whether a non-finite norm skipped it) and the parts; one- and N-rank alike."""
     metrics = summarize(parts)
     metrics.update(
-        loss=float(total),
+        loss=loss,
         grad_norm=grad_norm,
         skipped_nonfinite=float(not math.isfinite(grad_norm)),
     )

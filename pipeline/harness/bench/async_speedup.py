@@ -11,13 +11,17 @@ and excluded). ratio = synchronous wall time / asynchronous wall time.
 
 from __future__ import annotations
 
-import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.harness.bench.common import bench_broker, prompted_run, tiny_model
+from pipeline.harness.bench.common import (
+    bench_broker,
+    prompted_run,
+    tiny_model,
+    trainer_steps,
+    watch_until,
+)
 from pipeline.launch.local import LocalPipeline
 from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
@@ -53,17 +57,14 @@ def _one(
         in_flight=batch * n * (staleness + 1),
         overrides={"trainer": {"max_steps": steps}},
     )
-    metrics = run_dir / "ckpt" / "metrics.jsonl"
     with LocalPipeline(cfg, run_dir, model_dir=model, replicas=1, replica_threads=1) as pipe:
-        deadline = time.monotonic() + 900
-        while pipe.process("train").alive and time.monotonic() < deadline:
-            pipe.check()
-            time.sleep(0.5)
-        if pipe.process("train").alive:
-            raise TimeoutError(f"the trainer did not finish {steps} steps in time")
-    records = [
-        r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("event") == "step"
-    ]
+        watch_until(
+            pipe,
+            lambda: not pipe.process("train").alive,
+            900,
+            f"the trainer did not finish {steps} steps in time",
+        )
+    records = trainer_steps(cfg)
     times = [r["time"] for r in records]
     staleness_seen = max((int(k) for r in records for k in r["staleness_hist"]), default=0)
     delete_topics(cfg.kafka, cfg.topics)

@@ -1,5 +1,5 @@
 """What several benchmarks share: a broker to run against, the tiny model, a run's prompts on
-its own topics, and the rounds.
+its own topics, watching its pipeline and reading its trainer's steps, and the rounds.
 
 A benchmark compares sides (a baseline and the thing measured) in the same run: `interleaved`
 runs them in turn each round, `paired_ratio` reports the median of the per-round ratios with
@@ -22,6 +22,7 @@ from workers.ports import free_port
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
+    from pipeline.launch.local import LocalPipeline
 
 __all__ = [
     "bench_broker",
@@ -32,6 +33,8 @@ __all__ = [
     "prompted_run",
     "rates",
     "tiny_model",
+    "trainer_steps",
+    "watch_until",
 ]
 
 
@@ -103,6 +106,28 @@ def prompted_run(
     with PromptProducer(cfg.kafka, cfg.topics) as producer:
         producer.produce_rows(arithmetic_rows(prompts, seed=seed), uid_prefix=prefix)
     return cfg
+
+
+def trainer_steps(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The `step` records of the run's trainer log, in order (none yet: [])."""
+    import json
+
+    metrics = Path(cfg.trainer.metrics_path)
+    if not metrics.exists():
+        return []
+    lines = metrics.read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("event") == "step"]
+
+
+def watch_until(pipe: LocalPipeline, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Watch `pipe` (a stage that died raises) every half second until `done()`;
+    TimeoutError(`what`) once `timeout_s` passed without it."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        pipe.check()
+        time.sleep(0.5)
 
 
 def interleaved(sides: dict[str, Callable[[int], float]], rounds: int) -> dict[str, list[float]]:

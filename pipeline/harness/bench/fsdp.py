@@ -45,8 +45,7 @@ def _rank_main(model_dir: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from pipeline.harness.bench.train_step import _batch
-    from workers.trainer.sharded import build_policy, init_ranks
-    from workers.trainer.sharded_step import sharded_train_step
+    from workers.trainer.sharded import build_policy, init_ranks, train_policy
     from workers.weights.checkpoint import TrainerState
 
     torch.set_num_threads(1)
@@ -58,15 +57,7 @@ def _rank_main(model_dir: str, out: str) -> None:
         batch = _batch(GROUPS, N, RESPONSE_TOKENS, seed=step - 1)
         dist.barrier()
         started = time.perf_counter()
-        metrics = sharded_train_step(
-            policy.model,
-            policy.optimizer,
-            batch,
-            config,
-            rank=ranks.rank,
-            world=ranks.world,
-            group=ranks.control,
-        )
+        metrics = train_policy(policy, batch, config, ranks)
         result[f"step_s_{step}"] = time.perf_counter() - started
         result[f"loss_{step}"] = metrics["loss"]
         full = get_model_state_dict(

@@ -16,26 +16,24 @@ second worker process helps (it does not when the replicas are the bottleneck, a
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.harness.bench.common import bench_broker, prompted_run, tiny_model
+from pipeline.harness.bench.common import (
+    bench_broker,
+    prompted_run,
+    tiny_model,
+    trainer_steps,
+    watch_until,
+)
 from pipeline.launch.local import LocalPipeline
 from pipeline.topics import delete_topics
 from workers.kafka.config import KafkaConfig
 
 __all__ = ["run"]
-
-
-def _steps(metrics: Path) -> list[dict[str, Any]]:
-    if not metrics.exists():
-        return []
-    lines = metrics.read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("event") == "step"]
 
 
 def _mean_value_size(kafka: KafkaConfig, topic: str) -> int:
@@ -86,18 +84,17 @@ def _one(
         max_staleness=None,
         sync_every=4,
     )
-    metrics = run_dir / "ckpt" / "metrics.jsonl"
     total = prompts * n
     with LocalPipeline(
         cfg, run_dir, model_dir=model, replicas=replicas, agent_loop_workers=workers
     ) as pipe:
-        deadline = time.monotonic() + timeout_s
-        while sum(r["samples"] for r in _steps(metrics)) < total:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{workers} worker(s): not every sample trained in {timeout_s}s")
-            pipe.check()
-            time.sleep(0.5)
-    steps = _steps(metrics)
+        watch_until(
+            pipe,
+            lambda: sum(r["samples"] for r in trainer_steps(cfg)) >= total,
+            timeout_s,
+            f"{workers} worker(s): not every sample trained in {timeout_s}s",
+        )
+    steps = trainer_steps(cfg)
     size = _mean_value_size(cfg.kafka, cfg.topics.name("scored"))
     delete_topics(cfg.kafka, cfg.topics)
     span = steps[-1]["time"] - steps[0]["time"]

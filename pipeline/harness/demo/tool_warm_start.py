@@ -191,6 +191,7 @@ def call_rate(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.data.arithmetic import arithmetic_rows
+    from pipeline.harness.recipe import sample
     from workers.agent_loop.chat_format import ChatFormat
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -203,18 +204,15 @@ def call_rate(
     torch.manual_seed(seed)
     for row in arithmetic_rows(prompts, seed=seed, max_operand=9):
         prompt = torch.tensor([chat.prompt_ids(question_messages(row), tools)])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=64,
-                eos_token_id=stops,
-                pad_token_id=tokenizer.pad_token_id,
-            )
+        out = sample(
+            model,
+            prompt,
+            torch.ones_like(prompt),
+            max_tokens=64,
+            eos=stops,
+            pad=tokenizer.pad_token_id,
+            temperature=temperature,
+        )
         text = tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=False)
         _, calls = parser.parse(text)
         good += bool(calls) and all(c.error is None for c in calls)

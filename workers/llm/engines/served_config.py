@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -116,6 +116,17 @@ class ServedReplicaConfig(BaseModel):
 
     def resolved_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}:{self.port}"
+
+    def adapter_settings(self, internal_port: int) -> dict[str, Any]:
+        """The keyword arguments of the `GatedAdapter` in front of the engine's server on
+        `internal_port` that every backend sets alike (a backend adds its own)."""
+        return {
+            "upstream_url": f"http://{self.internal_host}:{internal_port}",
+            "replica_id": self.resolved_replica_id(),
+            "served_model_name": self.resolved_served_name(),
+            "initial_version": self.initial_version,
+            "drain_timeout_s": self.drain_timeout_s,
+        }
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:

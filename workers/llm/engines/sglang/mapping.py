@@ -53,6 +53,7 @@ from workers.llm.contract import (
     CompletionRequest,
     CompletionResponse,
     FinishReason,
+    error_body,
 )
 from workers.llm.engines.exceptions import UpstreamError
 from workers.metrics import ReplicaCounters, prometheus_totals
@@ -189,9 +190,7 @@ def map_sglang_error(status: int, body: Any) -> dict[str, dict[str, str]]:
             message = str(body.get("message") or "")
     elif body:
         message = str(body)
-    if not err_type:
-        err_type = "invalid_request_error" if 400 <= status < 500 else "internal_error"
-    return {"error": {"message": message or f"SGLang answered {status}", "type": err_type}}
+    return error_body(status, message, err_type, server="SGLang")
 
 
 def update_from_disk_body(path: str, version: int) -> dict[str, Any]:

@@ -78,13 +78,7 @@ async def serve_async(config: SGLangReplicaConfig) -> int:
     if config.dtype_reason:
         print(f"rollout: SGLang serves in {config.dtype} ({config.dtype_reason})", file=sys.stderr)
     internal_port = config.internal_port or free_port(config.internal_host)
-    adapter = SGLangAdapter(
-        upstream_url=f"http://{config.internal_host}:{internal_port}",
-        replica_id=config.resolved_replica_id(),
-        served_model_name=config.resolved_served_name(),
-        initial_version=config.initial_version,
-        drain_timeout_s=config.drain_timeout_s,
-    )
+    adapter = SGLangAdapter(**config.adapter_settings(internal_port))
     return await run_behind_adapter(
         adapter,
         host=config.host,

@@ -61,6 +61,7 @@ from workers.llm.contract import (
     CompletionRequest,
     CompletionResponse,
     FinishReason,
+    error_body,
 )
 from workers.llm.engines.exceptions import UpstreamError
 from workers.metrics import ReplicaCounters, prometheus_totals
@@ -334,9 +335,7 @@ def map_vllm_error(status: int, body: Any) -> dict[str, dict[str, str]]:
         err_type = str(inner.get("type") or "")
     elif body:
         message = str(body)
-    if not err_type:
-        err_type = "invalid_request_error" if 400 <= status < 500 else "internal_error"
-    return {"error": {"message": message or f"vLLM answered {status}", "type": err_type}}
+    return error_body(status, message, err_type, server="vLLM")
 
 
 @dataclass(frozen=True)

@@ -58,11 +58,7 @@ async def serve_async(config: VLLMReplicaConfig) -> int:
         )
     internal_port = config.internal_port or free_port(config.internal_host)
     adapter = VLLMAdapter(
-        upstream_url=f"http://{config.internal_host}:{internal_port}",
-        replica_id=config.resolved_replica_id(),
-        served_model_name=config.resolved_served_name(),
-        initial_version=config.initial_version,
-        drain_timeout_s=config.drain_timeout_s,
+        **config.adapter_settings(internal_port),
         num_experts=num_experts,
         await_weights=config.await_weights,
         receivers=config.world_size,
