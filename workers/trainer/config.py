@@ -281,8 +281,9 @@ class TrainerConfig(BaseModel):
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
         description="Where the policy trains: cpu, cuda, cuda:N, or auto (cuda when one is "
-        "visible: on one machine, a GPU vLLM replicas may fill too; name the free one). "
-        "Checkpoints are written from any device. Under Ray the trainer asks for a GPU.",
+        "visible, else the CPU). The launchers (`rollout up`, local and Ray) give the trainer "
+        "its own GPU, one a rank, from what the replicas leave (none: it sees none, and auto "
+        "trains on the CPU). Checkpoints are written from any device.",
     )
     seed: int = Field(default=0, ge=0, description="torch seed at start.")
     nproc: int = Field(

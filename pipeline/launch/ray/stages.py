@@ -276,9 +276,7 @@ def up(
         else 0
     )
     if backend != "hf":
-        sizes = zip(("--tp", "--dp", "--pp"), parallel, strict=True)
-        parallel_args = tuple(arg for flag, size in sizes for arg in (flag, str(size)))
-        layout = replace(layout, replica_args=(*layout.replica_args, *parallel_args))
+        layout = replace(layout, parallel=parallel)
 
     def resources(name: str) -> tuple[float, float]:
         if name == "train" and ranks:

@@ -12,7 +12,7 @@ meaning), with the variables torchrun would set:
     MASTER_ADDR, MASTER_PORT  rank 0's node and a port free there (the rendezvous)
     CUDA_VISIBLE_DEVICES      GPU ranks: the GPUs Ray granted the node's ranks, in local-rank
                               order, so `cuda:LOCAL_RANK` is the rank's own GPU and NCCL sees
-                              its peers (as Ray Train does)
+                              its peers (as Ray Train does); CPU ranks: empty, none
 
 `WORLD_SIZE` makes each child take the rank path (`workers.trainer.sharded`): rank 0 is the
 trainer that reads Kafka, commits offsets with its checkpoints and publishes on `rl.policy`;
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
+from pipeline.launch.devices import gpu_env
 from pipeline.launch.local import secret_env
 from pipeline.launch.ray.actor import StageRunner
 from pipeline.launch.ray.stages import NAMESPACE, LaunchError, connect, get_within
@@ -91,9 +92,9 @@ def rank_env(places: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             "MASTER_ADDR": str(master["ip"]),
             "MASTER_PORT": str(master["port"]),
         }
-        if place["gpus"]:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(places[p]["gpus"][0]) for p in peers)
-        envs.append(env)
+        # CPU ranks see none (Ray sets nothing for an actor without GPUs: all would show)
+        gpus = [places[p]["gpus"][0] for p in peers] if place["gpus"] else []
+        envs.append(env | gpu_env(gpus))
     return envs
 
 
