@@ -73,7 +73,8 @@ class LendConfig(BaseModel):
     advertise: str = Field(
         default="",
         description="URL announced on `rl.replicas` (another node's routers reach it there); "
-        "empty: http://host:port, loopback when host is 0.0.0.0.",
+        "empty: http://host:port, the node's routable address when host is 0.0.0.0 (`rollout "
+        "up --ray` sets both). A loopback URL is refused in a run that spans nodes.",
     )
     # As large as a standalone `hf` replica (`replica serve --max-batch`, 64): the routers'
     # `load` routing shares requests in proportion to the capacities the replicas report, so

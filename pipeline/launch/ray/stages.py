@@ -44,6 +44,7 @@ from pipeline.launch.placement import ReplicaPlacementConfig
 from pipeline.launch.ray import colocate
 from pipeline.launch.ray.actor import StageRunner
 from schemas.errors import RolloutError
+from workers.ports import SPANS_NODES_ENV, is_loopback
 
 __all__ = [
     "NAMESPACE",
@@ -224,15 +225,24 @@ def replica_world_size(
     return placement.world_size
 
 
-def _lent_replica_args(train: Any, timeout_s: float) -> list[str]:
-    """The lent trainer's replica (`trainer.lend`) listens on every interface of the trainer's
-    node, at a port free there, announced at the node's address (routers on other nodes)."""
+def _trainer_address_args(cfg: RunConfig, train: Any, timeout_s: float) -> list[str]:
+    """What the trainer announces, at its node's address (reachable from the other nodes):
+    the lent trainer's replica (`trainer.lend`) listens on every interface of the node, at a
+    port free there; the broadcast rendezvous (`weights.host`, when loopback) at the node's
+    address."""
+    lend = cfg.trainer.lend.enable
+    broadcast = cfg.weights.mode == "broadcast" and is_loopback(cfg.weights.host)
+    if not lend and not broadcast:
+        return []
     place = get_within([train.where.remote()], timeout_s, "placing the trainer")[0]
-    return [
-        *("--set", "trainer.lend.host=0.0.0.0"),
-        *("--set", f"trainer.lend.port={place['port']}"),
-        *("--set", f"trainer.lend.advertise=http://{place['ip']}:{place['port']}"),
-    ]
+    args = ["--set", f"weights.host={place['ip']}"] if broadcast else []
+    if lend:
+        args += [
+            *("--set", "trainer.lend.host=0.0.0.0"),
+            *("--set", f"trainer.lend.port={place['port']}"),
+            *("--set", f"trainer.lend.advertise=http://{place['ip']}:{place['port']}"),
+        ]
+    return args
 
 
 def _bad(message: str) -> None:
@@ -304,6 +314,8 @@ def up(
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
     env = {**secret_env(cfg), **(extra_env or {})}
+    if len(node_gpus) > 1:  # every process refuses to announce a loopback address
+        env[SPANS_NODES_ENV] = "1"
     runner = ray.remote(StageRunner)
 
     # The judge's replicas are colocated: one bundle with the trainer (`colocate`).
@@ -363,8 +375,8 @@ def up(
                 if kind == "train" and ranks:
                     argv = [*argv, "--ray", ray.get_runtime_context().gcs_address]
                 started[name] = actor(name)
-                if kind == "train" and cfg.trainer.lend.enable:  # hybrid: its lent replica
-                    argv = [*argv, *_lent_replica_args(started[name], start_timeout_s)]
+                if kind == "train":  # its lent replica, its broadcast rendezvous
+                    argv = [*argv, *_trainer_address_args(cfg, started[name], start_timeout_s)]
             pending.append(started[name].start.remote(["--config", str(config_path), *argv], env))
         described = get_within(pending, start_timeout_s, "starting the stages")
     except BaseException:
