@@ -40,7 +40,6 @@ import yaml
 
 from pipeline.config import RunConfig
 from pipeline.launch.local import StagePlan, judge_plan, secret_env
-from pipeline.launch.placement import ReplicaPlacementConfig
 from pipeline.launch.ray import colocate
 from pipeline.launch.ray.actor import StageRunner
 from schemas.errors import RolloutError
@@ -100,7 +99,7 @@ def trainer_gpus(device: str, node_gpus: list[int], replica_gpus: int = 0) -> in
         )
     if free < 1:
         _bad(
-            f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} GPUs are all "
+            f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} free GPUs are all "
             f"taken by the replicas ({replica_gpus})"
         )
     return 1
@@ -209,20 +208,21 @@ def replica_world_size(
     if not gpus:
         _bad(f"backend {backend} needs GPUs and the Ray cluster has none")
     tp, dp, pp = parallel
-    try:
-        placement = ReplicaPlacementConfig(
-            tensor_parallel_size=tp,
-            data_parallel_size=dp,
-            pipeline_parallel_size=pp,
-            nnodes=len(gpus),
-            gpus_per_node=max(gpus),
-            num_replicas=replicas,
+    world = tp * dp * pp
+    if world > max(gpus):
+        _bad(
+            f"a replica of {world} GPUs (TP x DP x PP) would be spanning nodes (the largest "
+            f"has {max(gpus)}): not supported by the Ray launcher yet"
         )
-    except ValueError as exc:
-        raise LaunchError(f"replicas do not fit the cluster: {exc}") from exc
-    if placement.nodes_per_replica > 1:
-        _bad("a replica spanning nodes is not supported by the Ray launcher yet")
-    return placement.world_size
+    # Each node holds its own whole replicas: nodes of 8 and 2 GPUs hold two of 4, not four.
+    fits = sum(g // world for g in gpus)
+    if replicas > fits:
+        _bad(
+            f"replicas do not fit the cluster: {replicas} of {world} GPUs each (TP x DP x PP), "
+            f"and its nodes of {', '.join(map(str, gpus))} GPUs hold {fits} (a replica runs "
+            "within one node)"
+        )
+    return world
 
 
 def _trainer_address_args(cfg: RunConfig, train: Any, timeout_s: float) -> list[str]:
@@ -280,8 +280,10 @@ def up(
     # trainer.nproc > 1: the train actor is the driver of one actor per rank
     # (`pipeline.launch.ray.trainer`), which ask for the GPUs and CPUs themselves
     ranks = cfg.trainer.nproc if "train" in stages and cfg.trainer.nproc > 1 else 0
+    # the trainer's GPU comes from the free ones (another run's actors may hold some)
+    free_gpus = int(ray.available_resources().get("GPU", 0))
     train_gpus = (
-        trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus)
+        trainer_gpus(cfg.trainer.device, [free_gpus], replica_gpus)
         if "train" in stages and not ranks
         else 0
     )
