@@ -19,9 +19,14 @@ main thread for SIGTERM handlers and asyncio, and a stop is the same SIGTERM as 
 
 Invariants: secrets reach the children only through the environment handed to each actor in
 memory, never through a file; every process is started by one of the run's actors, so `down`
-finds all of them by name. Multi-node runs need the run directory (config, logs) and the
-trainer's checkpoint directory on storage every node mounts at the same path, and the Ray
-token (`~/.ray/auth_token`) on each client. `ray` is imported only inside the functions here.
+finds all of them by name, and each actor's stop also reaps the sessions begun under its
+child (vLLM's: `pipeline.launch.reap`); each child sees only the GPUs Ray granted its actor
+(`CUDA_VISIBLE_DEVICES`, empty for none); on more than one node every process gets
+`ROLLOUT_SPANS_NODES=1` and refuses to announce a loopback address, and the trainer's
+announced addresses (`trainer.lend.*`, a loopback `weights.host`) are set to its node's.
+Multi-node runs need the run directory (config, logs) and the trainer's checkpoint directory
+on storage every node mounts at the same path, and the Ray token (`~/.ray/auth_token`) on
+each client. `ray` is imported only inside the functions here.
 """
 
 from __future__ import annotations
