@@ -90,6 +90,13 @@ class LocalKafkaConfig(BaseModel):
     port: int = Field(default=9092, ge=1, le=65535, description="Client port on localhost.")
     data_dir: str | None = Field(default=None, description="Default: ~/.rollout/kafka-<port>.")
     heap: str = Field(default="1g", pattern=r"^\d+[mg]$", description="JVM heap, e.g. 1g.")
+    advertised_host: str = Field(
+        default="localhost",
+        min_length=1,
+        description="The host the broker tells its clients to connect to (its advertised "
+        "listener). localhost serves this machine only; for a run on several nodes, this "
+        "machine's address they reach (the broker then listens on every interface).",
+    )
     cluster_heap: str = Field(
         default="512m",
         pattern=r"^\d+[mg]$",

@@ -32,7 +32,7 @@ from pathlib import Path
 from pipeline.broker.state import INFRA, BrokerState, cache_home, rollout_home
 from workers.kafka.config import KafkaConfig
 from workers.kafka.exceptions import KafkaUnavailableError
-from workers.ports import free_port
+from workers.ports import free_port, is_loopback
 
 __all__ = [
     "BrokerState",
@@ -163,6 +163,7 @@ def start_broker(
     data_dir: str | Path | None = None,
     *,
     host: str = "127.0.0.1",
+    advertised_host: str = "localhost",
     heap: str = "1g",
     timeout_s: float = 90.0,
     quiet: bool = False,
@@ -173,8 +174,11 @@ def start_broker(
 
     `secure=True`: a SASL_SSL listener (SCRAM-SHA-512, TLS from a CA of its own) with ACLs
     instead of PLAINTEXT; `users` get SCRAM credentials besides `admin` (see
-    `pipeline.broker.secure`).
+    `pipeline.broker.secure`). `advertised_host`: where clients are told to connect; one
+    that is not loopback (other nodes' clients) makes the broker listen on every interface.
     """
+    if not is_loopback(advertised_host):
+        host = "0.0.0.0"
     started = time.monotonic()
     bootstrap = f"localhost:{port}"
     state = BrokerState.load(port)
@@ -213,7 +217,7 @@ def start_broker(
         setup = kafka_secure.prepare(
             data,
             host=host,
-            advertised_host="localhost",
+            advertised_host=advertised_host,
             port=port,
             controller_port=controller_port,
             users=users,
@@ -223,7 +227,7 @@ def start_broker(
         props.write_text(
             template.substitute(
                 host=host,
-                advertised_host="localhost",
+                advertised_host=advertised_host,
                 port=port,
                 controller_port=controller_port,
                 log_dir=data / "logs",

@@ -26,6 +26,7 @@ def cmd_kafka_up(args: argparse.Namespace, cfg: RunConfig) -> int:
         port,
         args.data_dir or cfg.local_kafka.data_dir,
         heap=cfg.local_kafka.heap,
+        advertised_host=cfg.local_kafka.advertised_host,
         secure=args.secure,
         users=args.user or (),
     )

@@ -143,12 +143,13 @@ def cmd_up_local(args: argparse.Namespace, cfg: RunConfig) -> int:
         print(f"{name}\t{outcome}", file=sys.stderr)
     for line in data_outlook(cfg, version).lines():
         print(f"rollout: {line}", file=sys.stderr)
-    replica_args: tuple[str, ...] = ()
-    if args.backend != "hf":
-        sizes = zip(("--tp", "--dp", "--pp"), (args.tp, args.dp, args.pp), strict=True)
-        replica_args = tuple(arg for flag, size in sizes for arg in (flag, str(size)))
-    elif (args.tp, args.dp, args.pp) != (1, 1, 1):
+    if args.backend == "hf" and (args.tp, args.dp, args.pp) != (1, 1, 1):
         raise ConfigError("the hf backend runs on CPU: it takes no --tp/--dp/--pp")
+    gpus = None
+    if args.gpus is not None:
+        from pipeline.launch.devices import visible_gpus
+
+        gpus = visible_gpus(args.gpus)
     watch: RunWatch | None = None
 
     def started(pipe: LocalPipeline) -> None:
@@ -179,8 +180,10 @@ def cmd_up_local(args: argparse.Namespace, cfg: RunConfig) -> int:
             backend=args.backend,
             replica_threads=args.replica_threads,
             agent_loop_workers=args.agent_loop_workers,
-            replica_args=replica_args,
+            parallel=(args.tp, args.dp, args.pp),
             stages=stages_of(args),
+            gpus=gpus,
+            grace_s=args.grace,
         )
     finally:
         if watch is not None:

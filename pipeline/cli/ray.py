@@ -21,6 +21,7 @@ from pipeline.cli.local_up import (
     stages_of,
 )
 from pipeline.config import RunConfig
+from pipeline.launch.local import STOP_GRACE_S
 
 __all__ = ["add_parsers"]
 
@@ -109,6 +110,19 @@ def add_parsers(sub: Any) -> None:
         "--wait", action="store_true", help="With --ray: block until the trainer exits."
     )
     ray_up.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="Without --ray: GPUs of this machine to share out (default: CUDA_VISIBLE_DEVICES, "
+        "else nvidia-smi's). Each replica gets TP x DP x PP of them, the trainer one a rank.",
+    )
+    ray_up.add_argument(
+        "--grace",
+        type=float,
+        default=STOP_GRACE_S,
+        help="Without --ray: seconds a stopping run gives its processes before SIGKILL.",
+    )
+    ray_up.add_argument(
         "--timeout", type=float, help="Give up after seconds (--ray: with --wait; here: stop)."
     )
     ray_up.set_defaults(handler=cmd_up)
@@ -130,5 +144,11 @@ def add_parsers(sub: Any) -> None:
         "--run",
         help="The run (default: topics.prefix without its dot; --ray without it: every run).",
     )
-    ray_down.add_argument("--grace", type=float, default=20.0, help="Seconds before SIGKILL.")
+    ray_down.add_argument(
+        "--grace",
+        type=float,
+        default=STOP_GRACE_S,
+        help=f"Seconds before SIGKILL (--ray; default {STOP_GRACE_S:.0f}: longer than a replica "
+        "gives vLLM to stop). Without --ray: how long to wait for the run's own stop.",
+    )
     ray_down.set_defaults(handler=cmd_down)

@@ -11,7 +11,7 @@ from typing import Any
 from pipeline.cli.common import at_least, checked_model_dir, port, print_json
 from pipeline.config import ConfigError, RunConfig
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "advertised_address"]
 
 
 def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
@@ -28,13 +28,12 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
     _require_free_port(args.host, args.port)
     if args.routed_experts:
         _require_routing(args.backend, args.model)
+    advertised = advertised_address(args)
     if args.register:
         _require_topic(cfg, "replicas", "to register on")
     engine_python = args.sglang_python if args.backend == "sglang" else None
     backend = get_backend(args.backend, python=engine_python)
     replica_id = args.replica_id or f"{args.backend}-{socket.gethostname()}-{args.port}"
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
-    advertised = args.advertise or f"http://{host}:{args.port}"
     registration = None
     if args.register:
         info = ReplicaInfo(
@@ -60,6 +59,19 @@ def cmd_replica_serve(args: argparse.Namespace, cfg: RunConfig) -> int:
         if registration is not None:
             registration.leave()
     return int(result or 0)
+
+
+def advertised_address(args: argparse.Namespace) -> str:
+    """The address a replica announces: `--advertise`, else http://HOST:PORT, where a replica
+    listening on every interface (0.0.0.0) names the node's routable address. A loopback
+    one is refused (one line) when it registers in a run that spans nodes."""
+    from workers.ports import check_reachable, routable_ip
+
+    host = routable_ip() if args.host in ("0.0.0.0", "::") else args.host
+    advertised = str(args.advertise or f"http://{host}:{args.port}")
+    if args.register:
+        check_reachable(advertised, "--advertise" if args.advertise else "the replica's address")
+    return advertised
 
 
 def _backend_options(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
@@ -325,7 +337,11 @@ def add_parsers(sub: Any) -> None:
         help="judge: serves another model for reward.judge; the agent loops never route to "
         "it and no weight update reaches it (default: policy).",
     )
-    serve.add_argument("--advertise", help="Address others reach it at (default http://host:port).")
+    serve.add_argument(
+        "--advertise",
+        help="Address others reach it at (default http://HOST:PORT; with --host 0.0.0.0 the "
+        "node's routable address). A loopback one is refused in a run that spans nodes.",
+    )
     for flag, what in (("--tp", "Tensor"), ("--dp", "Data"), ("--pp", "Pipeline")):
         serve.add_argument(flag, type=int, default=1, help=f"{what}-parallel size (vllm).")
     serve.add_argument(

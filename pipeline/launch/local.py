@@ -13,9 +13,13 @@ then starts, as real subprocesses of the same `rollout` CLI a user would run:
 
 Each process runs in the working directory `LocalPipeline` was made in (a relative path of
 the config means there what it means in the user's shell; the checkout is put on PYTHONPATH)
-and logs to `run_dir/logs/<name>.log`. `stop()` (and leaving the context manager,
-also on Ctrl-C) sends SIGTERM to every process group it started, waits a grace period, and
-SIGKILLs what is left — it never touches a process it did not start.
+and logs to `run_dir/logs/<name>.log`. Each sees only its own GPUs (`CUDA_VISIBLE_DEVICES`,
+`pipeline.launch.devices`): a replica its TP x DP x PP, the trainer one per rank from what the
+replicas leave, every other process none; what does not fit is refused before anything
+starts. `stop()` (and leaving the context manager, also on Ctrl-C) sends SIGTERM to every
+process group it started, waits a grace period (`STOP_GRACE_S`, longer than an adapter gives
+its engine), and SIGKILLs what is left, in the sessions its processes began too (vLLM's:
+`pipeline.launch.reap`) — it never touches a process it did not start.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +38,14 @@ from typing import Any
 import yaml
 
 from pipeline.config import RunConfig
+from pipeline.launch.devices import VISIBLE, assign, visible_gpus
+from pipeline.launch.reap import alive_in, kill_sessions, sessions_under
 from schemas.errors import RolloutError
 from workers.ports import free_port
 
 __all__ = [
     "STAGES",
+    "STOP_GRACE_S",
     "LocalPipeline",
     "StageExitedError",
     "StagePlan",
@@ -64,6 +72,10 @@ class StageExitedError(RolloutError):
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("agent-loop", "reward", "replay", "train")
+#: A stop's wait between SIGTERM and SIGKILL: longer than a replica's adapter gives its
+#: engine (vLLM, SGLang) to stop (`child_server.KILL_GRACE_S`, 30 s; a test holds them in
+#: that order), so the adapter is never killed while it stops the engine.
+STOP_GRACE_S = 45.0
 
 
 def spawn_logged(
@@ -145,7 +157,9 @@ class StagePlan:
     agent_loop_workers: int = 1
     host: str = "127.0.0.1"
     backend: str = "hf"
-    replica_args: tuple[str, ...] = ()  # appended to every `replica serve` (`--tp 2` for vllm)
+    replica_args: tuple[str, ...] = ()  # appended to every `replica serve`
+    # TP x DP x PP of one replica (a GPU backend's `--tp/--dp/--pp`; the hf backend: 1 each)
+    parallel: tuple[int, int, int] = (1, 1, 1)
     # The LLM judge's pool (`reward.judge`, `judge_plan`): hf replicas of another model, on
     # the trainer's resources (colocated), registered with role judge and never synced.
     judge_model: str = ""
@@ -170,6 +184,8 @@ class StagePlan:
         if len(judge_ports) != self.judge_replicas:
             raise ValueError(f"{self.judge_replicas} judge replicas, {len(judge_ports)} ports")
         plan: list[tuple[str, list[str]]] = []
+        sizes = zip(("--tp", "--dp", "--pp"), self.parallel, strict=True)
+        parallel = [a for flag, n in sizes for a in (flag, str(n))] if self.backend != "hf" else []
         for i, port in enumerate(replica_ports):
             url = f"http://{self.host}:{port}"
             plan.append((f"replica-{i}", [
@@ -180,6 +196,7 @@ class StagePlan:
                 "--replica-id", f"replica-{i}",
                 "--threads", str(self.replica_threads),
                 "--register",
+                *parallel,
                 *self.replica_args,
             ]))  # fmt: skip
             plan.append((f"sync-{i}", ["replica", "sync", "--replica", url]))
@@ -264,10 +281,13 @@ class LocalPipeline:
         replicas: int = 2,
         extra_env: dict[str, str] | None = None,
         metrics: bool = False,
+        gpus: Sequence[str] | None = None,
+        grace_s: float = STOP_GRACE_S,
         **plan: Any,
     ) -> None:
         """`plan`: the fields of `StagePlan` (`model_dir`, `backend`, `agent_loop_workers`, ...);
-        the judge's pool comes from `cfg` (`judge_plan`) unless `plan` says otherwise."""
+        the judge's pool comes from `cfg` (`judge_plan`) unless `plan` says otherwise. `gpus`:
+        the GPU ids to share out (None: `devices.visible_gpus()`, this machine's)."""
         self.cfg = cfg
         self.plan = StagePlan(**{**judge_plan(cfg), **plan})
         self.run_dir = Path(run_dir)
@@ -278,11 +298,16 @@ class LocalPipeline:
         self.judge_urls: list[str] = []
         self.metrics = metrics  # each non-replica process serves /metrics on a free port
         self.metrics_ports: dict[str, int] = {}
+        self.gpus = gpus
+        self.grace_s = grace_s  # a stop's wait between SIGTERM and SIGKILL
+        # each process's CUDA_VISIBLE_DEVICES (`devices.assign`); empty: no GPU here, none set
+        self.devices: dict[str, str] = {}
         self.cwd = Path.cwd()  # where the stages run: relative paths mean what they meant here
 
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> LocalPipeline:
+        self.devices = self._devices()  # refused before anything starts
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(yaml.safe_dump(self.cfg.redacted(), sort_keys=False))
@@ -301,9 +326,27 @@ class LocalPipeline:
             self._add(name, [*base, *argv], env)
         return self
 
+    def _devices(self) -> dict[str, str]:
+        gpus = visible_gpus() if self.gpus is None else list(self.gpus)
+        if not gpus:
+            return {}
+        train = "train" in self.plan.stages
+        return assign(
+            gpus,
+            backend=self.plan.backend,
+            replicas=self.replicas,
+            parallel=self.plan.parallel,
+            trainer_device=self.cfg.trainer.device if train else None,
+            trainer_ranks=self.cfg.trainer.nproc,
+        )
+
+    def _env_of(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """`env` with the process's own GPUs (none for all but replicas and the trainer)."""
+        return {**env, VISIBLE: self.devices.get(name, "")} if self.devices else env
+
     def _add(self, name: str, argv: list[str], env: dict[str, str]) -> StageProcess:
         stage = StageProcess(name, argv, self.run_dir / "logs" / f"{name}.log", cwd=self.cwd)
-        stage.start(env)
+        stage.start(self._env_of(name, env))
         self.processes.append(stage)
         log.info("started %s (pid %s)", name, stage.proc.pid if stage.proc else "?")
         return stage
@@ -324,26 +367,40 @@ class LocalPipeline:
         """Start a stage again with the same command (after it was killed)."""
         old = self.process(name)
         env = child_env(self._secret_env(), self.extra_env)
-        old.start(env)
+        old.start(self._env_of(name, env))
         return old
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM every stage's group, wait `grace_s` (default `self.grace_s`) for them and
+        for every process of their sessions (`reap`: vLLM's own), then SIGKILL what is left."""
+        grace_s = self.grace_s if grace_s is None else grace_s
+        sessions = self._sessions()
         # Producers first, so downstream stages can drain what is already on the topics.
         for stage in reversed(self.processes):
             stage.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for stage in self.processes:
-            while stage.alive and time.monotonic() < deadline:
-                time.sleep(0.1)
+        while time.monotonic() < deadline:
+            sessions |= self._sessions()
+            if not any(s.alive for s in self.processes) and not alive_in(sessions):
+                break
+            time.sleep(0.2)
+        sessions |= self._sessions()
         for stage in self.processes:
             if stage.alive:
                 log.warning("%s did not stop within %.0fs; killing it", stage.name, grace_s)
                 stage.signal(signal.SIGKILL)
+        if left := kill_sessions(sessions):
+            log.warning("killed %d process(es) the stages left behind: %s", len(left), left)
+        for stage in self.processes:
             if stage.proc is not None:
                 try:
                     stage.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+
+    def _sessions(self) -> set[int]:
+        """The sessions of the live stages and of every process under them."""
+        return sessions_under(p.proc.pid for p in self.processes if p.alive and p.proc)
 
     def __enter__(self) -> LocalPipeline:
         try:

@@ -73,7 +73,8 @@ class LendConfig(BaseModel):
     advertise: str = Field(
         default="",
         description="URL announced on `rl.replicas` (another node's routers reach it there); "
-        "empty: http://host:port, loopback when host is 0.0.0.0.",
+        "empty: http://host:port, the node's routable address when host is 0.0.0.0 (`rollout "
+        "up --ray` sets both). A loopback URL is refused in a run that spans nodes.",
     )
     # As large as a standalone `hf` replica (`replica serve --max-batch`, 64): the routers'
     # `load` routing shares requests in proportion to the capacities the replicas report, so
@@ -281,8 +282,9 @@ class TrainerConfig(BaseModel):
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
         description="Where the policy trains: cpu, cuda, cuda:N, or auto (cuda when one is "
-        "visible: on one machine, a GPU vLLM replicas may fill too; name the free one). "
-        "Checkpoints are written from any device. Under Ray the trainer asks for a GPU.",
+        "visible, else the CPU). The launchers (`rollout up`, local and Ray) give the trainer "
+        "its own GPU, one a rank, from what the replicas leave (none: it sees none, and auto "
+        "trains on the CPU). Checkpoints are written from any device.",
     )
     seed: int = Field(default=0, ge=0, description="torch seed at start.")
     nproc: int = Field(

@@ -60,6 +60,7 @@ from schemas.codec import encode, headers_for
 from schemas.events import ReplicaInfo
 from workers.kafka.clients import ack_wait_s
 from workers.kafka.config import KafkaConfig, TopicsConfig
+from workers.ports import check_reachable, routable_ip
 from workers.trainer.config import LENT_REPLICA_PREFIX, LendConfig
 from workers.trainer.exceptions import TrainerError
 
@@ -264,8 +265,11 @@ class Lender:
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
         port = self._runner.addresses[0][1]
-        host = "127.0.0.1" if self.config.host == "0.0.0.0" else self.config.host
-        return app, self.config.advertise or f"http://{host}:{port}"
+        # every interface: announced at the node's address, which routers elsewhere reach
+        host = routable_ip() if self.config.host == "0.0.0.0" else self.config.host
+        address = self.config.advertise or f"http://{host}:{port}"
+        check_reachable(address, "trainer.lend's address")
+        return app, address
 
     @web.middleware
     async def _refuse_when_withdrawn(

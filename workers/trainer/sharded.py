@@ -46,7 +46,7 @@ import torch.distributed as dist
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.metrics import TrainerMetrics
 from workers.trainer.config import TrainerConfig
-from workers.trainer.exceptions import CheckpointError, TrainerError
+from workers.trainer.exceptions import CheckpointError, DeviceError, TrainerError
 from workers.trainer.trainer import Trainer, TrainerResult
 from workers.weights.checkpoint import TrainerState, load_latest, save_checkpoint
 
@@ -90,6 +90,19 @@ def init_ranks(config: TrainerConfig) -> Ranks:
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     gpu = config.device != "cpu" and torch.cuda.is_available()
+    if config.device.startswith("cuda") and not gpu:
+        # A rank the launcher gave no GPU (CUDA_VISIBLE_DEVICES=""): never another's cuda:0.
+        raise DeviceError(
+            f"trainer.device={config.device}: this rank sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r}); "
+            "trainer.device=auto trains on the CPU"
+        )
+    if gpu and local >= torch.cuda.device_count():
+        raise DeviceError(
+            f"rank {os.environ.get('RANK', '?')}: LOCAL_RANK {local}, but it sees "
+            f"{torch.cuda.device_count()} CUDA device(s): each rank's node must give its ranks "
+            "one GPU each"
+        )
     if gpu:
         torch.cuda.set_device(local)
     if not dist.is_initialized():

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from schemas.events import WeightTransfer
+from workers.ports import check_reachable
 from workers.weights.config import WeightsConfig
 from workers.weights.exceptions import WeightsError
 from workers.weights.hub import TransferHub, TransferReport, unique_tensors
@@ -49,6 +50,7 @@ class BroadcastPublisher:
                 "weights.mode=broadcast runs with one trainer process; "
                 "with nproc > 1 use weights.mode=disk"
             )
+        check_reachable(config.host, "weights.host")  # handed to every replica
         self.config = config
         self.hub = TransferHub(
             host=config.host,

@@ -37,7 +37,9 @@ class WeightsConfig(BaseModel):
         min_length=1,
         description="Address of the trainer that every replica reaches: its rendezvous store "
         "and its end of each transfer's group listen there. Announced on the policy topic. "
-        "Across machines, this machine's address on the network the replicas share.",
+        "Across machines, this machine's address on the network the replicas share: `rollout "
+        "up --ray` sets the trainer's node's; a loopback one is refused in a run that spans "
+        "nodes.",
     )
     port: int = Field(
         default=0,

@@ -45,6 +45,9 @@ when the transfer did not arrive: with `received: 0` when nothing was loaded (th
 weights are whole), with `partial: true` when it failed after loading began (the layers not
 reached keep their old tensors: the model is neither version, and the adapter serves nothing
 until the next load). Any other exception propagates to `/collective_rpc` as an HTTP error.
+Given `report_dir` (the adapter always gives one), each worker also writes its report there as
+`<index>.json` (index: dp x world + rank): with data parallelism vLLM runs the method on every
+engine but `/collective_rpc` answers with engine 0's results only.
 This module imports only torch, vllm and `workers.weights`, and only inside the worker (never
 in the adapter or the trainer).
 """
@@ -77,22 +80,26 @@ class WeightSync:
     model_runner: Any
     model_config: Any
 
-    def rollout_load_weights(self, weights_path: str) -> dict[str, Any]:
+    def rollout_load_weights(
+        self, weights_path: str, report_dir: str | None = None
+    ) -> dict[str, Any]:
         """Load the checkpoint at `weights_path` in place, tied layers included."""
-        return self._rollout_reload(weights_path=weights_path)
+        return _filed(self, report_dir, self._rollout_reload(weights_path=weights_path))
 
-    def rollout_receive_weights(self, grant: dict[str, Any]) -> dict[str, Any]:
+    def rollout_receive_weights(
+        self, grant: dict[str, Any], report_dir: str | None = None
+    ) -> dict[str, Any]:
+        """`_rollout_receive`, its report also filed in `report_dir` (the module docstring)."""
+        return _filed(self, report_dir, self._rollout_receive(grant))
+
+    def _rollout_receive(self, grant: dict[str, Any]) -> dict[str, Any]:
         """Receive the trainer's granted transfer over its group and load it bucket by bucket
         (module docstring); each worker takes its own rank of the group (its index across
         data-parallel engines, as vLLM's NCCL weight transfer numbers them). Nothing is loaded
         before the first bucket has arrived."""
         from workers.weights.receive import receive_buckets
 
-        parallel = getattr(self, "parallel_config", None)
-        index = 0
-        if parallel is not None:
-            dp = int(getattr(parallel, "data_parallel_index", 0) or 0)
-            index = dp * int(parallel.world_size) + int(parallel.rank)
+        index = _worker_index(self)
         device = getattr(self, "device", "cpu") if grant.get("backend") == "nccl" else "cpu"
         rank = int(grant["rank"]) + index
         stream = receive_buckets(grant, rank_offset=index, device=device)
@@ -166,6 +173,30 @@ class WeightSync:
             "reprocessed": reprocessed,
             "parameters": sum(1 for _ in model.parameters()),
         }
+
+
+def _worker_index(worker: Any) -> int:
+    """The worker's index across the replica's data-parallel engines: dp x world + rank."""
+    parallel = getattr(worker, "parallel_config", None)
+    if parallel is None:
+        return 0
+    dp = int(getattr(parallel, "data_parallel_index", 0) or 0)
+    return dp * int(parallel.world_size) + int(parallel.rank)
+
+
+def _filed(worker: Any, report_dir: str | None, report: dict[str, Any]) -> dict[str, Any]:
+    """`report`, also written to `report_dir/<worker index>.json` when given: with data
+    parallelism vLLM's `/collective_rpc` runs the method on every engine but answers with
+    engine 0's results only, so the adapter reads every worker's report from there."""
+    if report_dir:
+        import json
+        import os
+
+        path = os.path.join(report_dir, f"{_worker_index(worker)}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as out:
+            json.dump(report, out)
+        os.replace(path + ".tmp", path)  # never read half-written
+    return report
 
 
 def _brief(exc: BaseException) -> str:

@@ -6,7 +6,12 @@ module imports no Ray. The child is `python -m pipeline.launch.ray.child <actor 
 SIGTERM when the actor that started it dies (PDEATHSIG), checks the actor is still its
 parent, then runs `pipeline.cli.main.main` in its own main thread, where the workers install
 their signal handlers and event loops. The child leads its own process
-group, so a stop (SIGTERM, a grace period, SIGKILL) reaches whatever it started too.
+group, so a stop (SIGTERM, a grace period, SIGKILL) reaches whatever it started too, and the
+sessions begun under it (vLLM's: `pipeline.launch.reap`) are SIGKILLed after the grace.
+The child sees exactly the GPUs Ray granted the actor: `CUDA_VISIBLE_DEVICES` is set for it
+from `ray.get_gpu_ids()`, empty when none (Ray leaves a zero-GPU actor's variable unset, so
+the child would otherwise see every GPU of the node); an `env` the caller passes wins (the
+trainer's ranks see their node's peers).
 Invariant: the actor's methods run on its main thread, the thread that started the child,
 which is the thread PDEATHSIG watches.
 """
@@ -18,10 +23,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.launch.devices import gpu_env
 from pipeline.launch.local import REPO, log_tail, spawn_logged
+from pipeline.launch.reap import alive_in, kill_sessions, sessions_under
 from workers.ports import free_port
 
 __all__ = ["StageRunner"]
@@ -37,6 +45,7 @@ class StageRunner:
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen[bytes] | None = None
         self.argv: list[str] = []
+        self.sessions: set[int] = set()  # of the child's tree, read before each signal
 
     def where(self) -> dict[str, Any]:
         """This actor's node, a port free on all its interfaces (for a replica, or rank 0's
@@ -63,8 +72,11 @@ class StageRunner:
         """Start the child in `cwd` (default: the checkout; a caller's own directory keeps
         its relative paths meaning the same), with this checkout importable either way."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        import ray
+
         self.argv = [sys.executable, "-m", "pipeline.launch.ray.child", str(os.getpid()), *cli_argv]
-        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        own = gpu_env([str(g) for g in ray.get_gpu_ids()])
+        child_env = {**os.environ, **own, **env, "PYTHONUNBUFFERED": "1"}
         paths = [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
         child_env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
         self.proc = spawn_logged(self.argv, self.log_path, child_env, cwd or REPO)
@@ -88,16 +100,33 @@ class StageRunner:
         self._signal(signal.SIGTERM)
 
     def stop(self, grace_s: float) -> int | None:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL the child's group; its exit status."""
+        """SIGTERM, wait up to `grace_s` for the child and its sessions' processes, then
+        SIGKILL the child's group and what is left of those sessions; its exit status."""
         if self.proc is None:
             return None
         self.terminate()
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._remember_sessions()
+            if self.proc.poll() is not None and not alive_in(self.sessions):
+                break
+            time.sleep(0.2)
+        else:
             log.warning("%s did not stop within %.0fs; killing it", self.name, grace_s)
+        self._remember_sessions()
         self._signal(signal.SIGKILL, after_exit=True)
+        if left := kill_sessions(self.sessions):
+            log.warning("%s: killed %d process(es) left behind: %s", self.name, len(left), left)
         return self.proc.wait(timeout=10)
+
+    def alive_pids(self) -> list[int]:
+        """The live processes of the child's sessions (none once stopped)."""
+        self._remember_sessions()
+        return alive_in(self.sessions)
+
+    def _remember_sessions(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.sessions |= sessions_under([self.proc.pid])
 
     def tail(self, chars: int = 2000) -> str:
         return log_tail(self.log_path, chars)
@@ -107,6 +136,7 @@ class StageRunner:
         to reach what it left behind in its group."""
         if self.proc is None or (not after_exit and self.proc.poll() is not None):
             return
+        self._remember_sessions()
         try:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):

@@ -19,9 +19,14 @@ main thread for SIGTERM handlers and asyncio, and a stop is the same SIGTERM as 
 
 Invariants: secrets reach the children only through the environment handed to each actor in
 memory, never through a file; every process is started by one of the run's actors, so `down`
-finds all of them by name. Multi-node runs need the run directory (config, logs) and the
-trainer's checkpoint directory on storage every node mounts at the same path, and the Ray
-token (`~/.ray/auth_token`) on each client. `ray` is imported only inside the functions here.
+finds all of them by name, and each actor's stop also reaps the sessions begun under its
+child (vLLM's: `pipeline.launch.reap`); each child sees only the GPUs Ray granted its actor
+(`CUDA_VISIBLE_DEVICES`, empty for none); on more than one node every process gets
+`ROLLOUT_SPANS_NODES=1` and refuses to announce a loopback address, and the trainer's
+announced addresses (`trainer.lend.*`, a loopback `weights.host`) are set to its node's.
+Multi-node runs need the run directory (config, logs) and the trainer's checkpoint directory
+on storage every node mounts at the same path, and the Ray token (`~/.ray/auth_token`) on
+each client. `ray` is imported only inside the functions here.
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ import yaml
 
 from pipeline.config import RunConfig
 from pipeline.launch.local import StagePlan, judge_plan, secret_env
-from pipeline.launch.placement import ReplicaPlacementConfig
 from pipeline.launch.ray import colocate
 from pipeline.launch.ray.actor import StageRunner
 from schemas.errors import RolloutError
+from workers.ports import SPANS_NODES_ENV, is_loopback
 
 __all__ = [
     "NAMESPACE",
@@ -99,7 +104,7 @@ def trainer_gpus(device: str, node_gpus: list[int], replica_gpus: int = 0) -> in
         )
     if free < 1:
         _bad(
-            f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} GPUs are all "
+            f"trainer.device={device}, but the Ray cluster's {sum(node_gpus)} free GPUs are all "
             f"taken by the replicas ({replica_gpus})"
         )
     return 1
@@ -208,31 +213,41 @@ def replica_world_size(
     if not gpus:
         _bad(f"backend {backend} needs GPUs and the Ray cluster has none")
     tp, dp, pp = parallel
-    try:
-        placement = ReplicaPlacementConfig(
-            tensor_parallel_size=tp,
-            data_parallel_size=dp,
-            pipeline_parallel_size=pp,
-            nnodes=len(gpus),
-            gpus_per_node=max(gpus),
-            num_replicas=replicas,
+    world = tp * dp * pp
+    if world > max(gpus):
+        _bad(
+            f"a replica of {world} GPUs (TP x DP x PP) would be spanning nodes (the largest "
+            f"has {max(gpus)}): not supported by the Ray launcher yet"
         )
-    except ValueError as exc:
-        raise LaunchError(f"replicas do not fit the cluster: {exc}") from exc
-    if placement.nodes_per_replica > 1:
-        _bad("a replica spanning nodes is not supported by the Ray launcher yet")
-    return placement.world_size
+    # Each node holds its own whole replicas: nodes of 8 and 2 GPUs hold two of 4, not four.
+    fits = sum(g // world for g in gpus)
+    if replicas > fits:
+        _bad(
+            f"replicas do not fit the cluster: {replicas} of {world} GPUs each (TP x DP x PP), "
+            f"and its nodes of {', '.join(map(str, gpus))} GPUs hold {fits} (a replica runs "
+            "within one node)"
+        )
+    return world
 
 
-def _lent_replica_args(train: Any, timeout_s: float) -> list[str]:
-    """The lent trainer's replica (`trainer.lend`) listens on every interface of the trainer's
-    node, at a port free there, announced at the node's address (routers on other nodes)."""
+def _trainer_address_args(cfg: RunConfig, train: Any, timeout_s: float) -> list[str]:
+    """What the trainer announces, at its node's address (reachable from the other nodes):
+    the lent trainer's replica (`trainer.lend`) listens on every interface of the node, at a
+    port free there; the broadcast rendezvous (`weights.host`, when loopback) at the node's
+    address."""
+    lend = cfg.trainer.lend.enable
+    broadcast = cfg.weights.mode == "broadcast" and is_loopback(cfg.weights.host)
+    if not lend and not broadcast:
+        return []
     place = get_within([train.where.remote()], timeout_s, "placing the trainer")[0]
-    return [
-        *("--set", "trainer.lend.host=0.0.0.0"),
-        *("--set", f"trainer.lend.port={place['port']}"),
-        *("--set", f"trainer.lend.advertise=http://{place['ip']}:{place['port']}"),
-    ]
+    args = ["--set", f"weights.host={place['ip']}"] if broadcast else []
+    if lend:
+        args += [
+            *("--set", "trainer.lend.host=0.0.0.0"),
+            *("--set", f"trainer.lend.port={place['port']}"),
+            *("--set", f"trainer.lend.advertise=http://{place['ip']}:{place['port']}"),
+        ]
+    return args
 
 
 def _bad(message: str) -> None:
@@ -270,15 +285,15 @@ def up(
     # trainer.nproc > 1: the train actor is the driver of one actor per rank
     # (`pipeline.launch.ray.trainer`), which ask for the GPUs and CPUs themselves
     ranks = cfg.trainer.nproc if "train" in stages and cfg.trainer.nproc > 1 else 0
+    # the trainer's GPU comes from the free ones (another run's actors may hold some)
+    free_gpus = int(ray.available_resources().get("GPU", 0))
     train_gpus = (
-        trainer_gpus(cfg.trainer.device, node_gpus, replica_gpus)
+        trainer_gpus(cfg.trainer.device, [free_gpus], replica_gpus)
         if "train" in stages and not ranks
         else 0
     )
     if backend != "hf":
-        sizes = zip(("--tp", "--dp", "--pp"), parallel, strict=True)
-        parallel_args = tuple(arg for flag, size in sizes for arg in (flag, str(size)))
-        layout = replace(layout, replica_args=(*layout.replica_args, *parallel_args))
+        layout = replace(layout, parallel=parallel)
 
     def resources(name: str) -> tuple[float, float]:
         if name == "train" and ranks:
@@ -306,6 +321,8 @@ def up(
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg.redacted(), sort_keys=False))
     env = {**secret_env(cfg), **(extra_env or {})}
+    if len(node_gpus) > 1:  # every process refuses to announce a loopback address
+        env[SPANS_NODES_ENV] = "1"
     runner = ray.remote(StageRunner)
 
     # The judge's replicas are colocated: one bundle with the trainer (`colocate`).
@@ -365,8 +382,8 @@ def up(
                 if kind == "train" and ranks:
                     argv = [*argv, "--ray", ray.get_runtime_context().gcs_address]
                 started[name] = actor(name)
-                if kind == "train" and cfg.trainer.lend.enable:  # hybrid: its lent replica
-                    argv = [*argv, *_lent_replica_args(started[name], start_timeout_s)]
+                if kind == "train":  # its lent replica, its broadcast rendezvous
+                    argv = [*argv, *_trainer_address_args(cfg, started[name], start_timeout_s)]
             pending.append(started[name].start.remote(["--config", str(config_path), *argv], env))
         described = get_within(pending, start_timeout_s, "starting the stages")
     except BaseException:

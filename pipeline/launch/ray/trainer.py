@@ -1,10 +1,11 @@
 """`rollout train --nproc N --ray [ADDRESS]`: the sharded trainer as N Ray actors, one per rank.
 
-What torchrun does on one node, done by Ray on a cluster: this process (the driver) asks Ray
-for N actors (one GPU each when the trainer trains on GPUs and the cluster has N, else one CPU
-each), learns where each landed (`StageRunner.where`), and starts in every actor the same
-`rollout` command it was given, in the same working directory (relative paths keep their
-meaning), with the variables torchrun would set:
+What torchrun does on one node, done by Ray on a cluster: this process (the driver) reserves
+one placement group of N bundles (one GPU each when the trainer trains on GPUs and N are free,
+else one CPU each; PACK: all or nothing, on as few nodes as hold them), starts one actor in
+each bundle (`place_ranks`), learns where each landed (`StageRunner.where`), and starts in
+every actor the same `rollout` command it was given, in the same working directory (relative
+paths keep their meaning), with the variables torchrun would set:
 
     RANK, WORLD_SIZE          actor i is rank i of N
     LOCAL_RANK                its index among the ranks on its node (rank order), with
@@ -12,7 +13,7 @@ meaning), with the variables torchrun would set:
     MASTER_ADDR, MASTER_PORT  rank 0's node and a port free there (the rendezvous)
     CUDA_VISIBLE_DEVICES      GPU ranks: the GPUs Ray granted the node's ranks, in local-rank
                               order, so `cuda:LOCAL_RANK` is the rank's own GPU and NCCL sees
-                              its peers (as Ray Train does)
+                              its peers (as Ray Train does); CPU ranks: empty, none
 
 `WORLD_SIZE` makes each child take the rank path (`workers.trainer.sharded`): rank 0 is the
 trainer that reads Kafka, commits offsets with its checkpoints and publishes on `rl.policy`;
@@ -41,12 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
+from pipeline.launch.devices import gpu_env
 from pipeline.launch.local import secret_env
 from pipeline.launch.ray.actor import StageRunner
 from pipeline.launch.ray.stages import NAMESPACE, LaunchError, connect, get_within
 from workers.trainer.config import TrainerConfig
 
-__all__ = ["rank_env", "rank_gpus", "train_on_ray"]
+__all__ = ["place_ranks", "rank_env", "rank_gpus", "train_on_ray"]
 
 log = logging.getLogger("rollout.ray_train")
 
@@ -54,8 +56,9 @@ log = logging.getLogger("rollout.ray_train")
 def rank_gpus(device: str, nproc: int, cluster_gpus: int) -> int:
     """GPUs each rank's actor asks for: 1 when the trainer trains on GPUs, else 0.
 
-    `cpu`: 0. `auto`: 1 when the cluster has a GPU for every rank, else 0 (gloo on CPUs).
-    `cuda`/`cuda:0`: 1, and the cluster must have `nproc` GPUs."""
+    `cluster_gpus`: the GPUs free on the cluster now. `cpu`: 0. `auto`: 1 when a GPU is free
+    for every rank, else 0 (gloo on CPUs, each rank seeing none). `cuda`/`cuda:0`: 1, and
+    `nproc` must be free."""
     if device == "cpu" or (device == "auto" and cluster_gpus < nproc):
         return 0
     if device not in ("auto", "cuda", "cuda:0"):
@@ -65,7 +68,7 @@ def rank_gpus(device: str, nproc: int, cluster_gpus: int) -> int:
         )
     if cluster_gpus < nproc:
         raise LaunchError(
-            f"{nproc} GPU ranks asked for and the Ray cluster has {cluster_gpus} "
+            f"{nproc} GPU ranks asked for and the Ray cluster has {cluster_gpus} free "
             "GPUs: fewer --nproc, or trainer.device=cpu"
         )
     return 1
@@ -91,9 +94,9 @@ def rank_env(places: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             "MASTER_ADDR": str(master["ip"]),
             "MASTER_PORT": str(master["port"]),
         }
-        if place["gpus"]:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(places[p]["gpus"][0]) for p in peers)
-        envs.append(env)
+        # CPU ranks see none (Ray sets nothing for an actor without GPUs: all would show)
+        gpus = [places[p]["gpus"][0] for p in peers] if place["gpus"] else []
+        envs.append(env | gpu_env(gpus))
     return envs
 
 
@@ -113,15 +116,10 @@ def train_on_ray(
         raise LaunchError("--ray needs Ray: pip install 'rollout-pipeline[ray]'") from None
     connect(address)
     nproc = trainer.nproc
-    gpus = rank_gpus(trainer.device, nproc, int(ray.cluster_resources().get("GPU", 0)))
+    # sized from the GPUs free now (another run's actors may hold some), not the cluster's
+    gpus = rank_gpus(trainer.device, nproc, int(ray.available_resources().get("GPU", 0)))
     logs = Path(trainer.checkpoint_dir).resolve() / "logs"
-    runner = ray.remote(StageRunner)
-    actors = [
-        runner.options(namespace=NAMESPACE, max_restarts=0, num_cpus=1, num_gpus=gpus).remote(
-            f"train-rank-{i}", str(logs / f"train-rank-{i}.log")
-        )
-        for i in range(nproc)
-    ]
+    group, actors, places = None, [], []
     # what configures `rollout` besides the files (ROLLOUT_*), and the secrets
     passed = {k: v for k, v in os.environ.items() if k.startswith("ROLLOUT_")} | secret_env(cfg)
     stopping: list[int] = []
@@ -130,9 +128,7 @@ def train_on_ray(
         for s in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        places = get_within(
-            [a.where.remote() for a in actors], start_timeout_s, "placing the ranks"
-        )
+        group, actors, places = place_ranks(nproc, gpus, logs, start_timeout_s)
         envs = rank_env(places)
         starts = [
             a.start.remote(cli_argv, passed | env, os.getcwd())
@@ -153,6 +149,48 @@ def train_on_ray(
             signal.signal(sig, handler)
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(group)
+
+
+def place_ranks(
+    nproc: int, gpus: int, logs: Path, timeout_s: float
+) -> tuple[Any, list[Any], list[dict[str, Any]]]:
+    """Reserve the ranks as one placement group (a bundle of 1 CPU and `gpus` GPUs a rank,
+    PACK: all or nothing, on as few nodes as hold them, so FSDP's ranks do not scatter) and
+    start one actor in each bundle; the group, the actors and their `where()`, in rank order
+    (the ranks of one node consecutive, rank 0's node first). Nothing starts unless the whole
+    group fits: LaunchError after `timeout_s`."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = {"CPU": 1.0, **({"GPU": float(gpus)} if gpus else {})}
+    group = placement_group([dict(bundle) for _ in range(nproc)], strategy="PACK")
+    try:
+        get_within([group.ready()], timeout_s, f"reserving {nproc} trainer ranks ({bundle} each)")
+        runner = ray.remote(StageRunner)
+        actors = [
+            runner.options(
+                namespace=NAMESPACE,
+                max_restarts=0,
+                num_cpus=1,
+                num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=i
+                ),
+            ).remote(f"train-rank-{i}", str(logs / f"train-rank-{i}.log"))
+            for i in range(nproc)
+        ]
+        places = get_within([a.where.remote() for a in actors], timeout_s, "placing the ranks")
+    except BaseException:
+        remove_placement_group(group)
+        raise
+    first = {node: i for i, node in reversed(list(enumerate(p["node_id"] for p in places)))}
+    order = sorted(range(nproc), key=lambda i: (first[places[i]["node_id"]], i))
+    return group, [actors[i] for i in order], [places[i] for i in order]
 
 
 def _wait(actors: list[Any], stopping: list[int], grace_s: float) -> int:

@@ -33,9 +33,11 @@ from workers.llm.engines.child_output import relay
 from workers.llm.engines.exceptions import ReplicaStartError
 from workers.llm.engines.gate import GatedAdapter
 
-__all__ = ["default_log", "run_behind_adapter", "served_by"]
+__all__ = ["KILL_GRACE_S", "default_log", "run_behind_adapter", "served_by"]
 
-_KILL_GRACE_S = 30.0
+#: How long a stopping adapter gives its server after SIGTERM; a launcher that stops the
+#: adapter waits longer than this before its own SIGKILL (`pipeline.launch.local.STOP_GRACE_S`).
+KILL_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _TAIL_LINES = 400  # of the server's output, searched for the root cause of a failed start
 
@@ -63,7 +65,7 @@ def _dies_with(parent: int) -> Any:
 
 async def _terminate(proc: asyncio.subprocess.Process, engine: str, log: logging.Logger) -> None:
     """Stop the child and the processes it spawned (its own process group)."""
-    for sig, wait_s in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
         if proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):

@@ -101,3 +101,17 @@ def test_micro_batches_with_and_without_routing_gather_into_the_step_metrics(one
     assert sharded["router_rows"] == one["router_rows"] > 0
     assert sharded["tokens"] == one["tokens"]
     assert sharded["loss"] == pytest.approx(one["loss"], rel=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a rank that sees no GPU")
+def test_a_rank_given_no_gpu_refuses_cuda_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank the launcher gave no GPU (CUDA_VISIBLE_DEVICES="") never takes another's cuda:0:
+    with trainer.device=cuda it refuses before joining the world."""
+    from workers.trainer.exceptions import DeviceError
+    from workers.trainer.sharded import init_ranks
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceError, match="sees no CUDA device") as err:
+        init_ranks(TrainerConfig(device="cuda"))
+    assert "\n" not in str(err.value)
+    assert not dist.is_initialized()

@@ -141,6 +141,10 @@ class VLLMAdapter(GatedAdapter):
             reports = await self.upstream.reload_weights(path)
         else:
             reports = await self.upstream.receive_weights(grant)
+        if len(reports) < self.receivers:  # a worker (another engine's) that did not report
+            raise VLLMUpstreamError(
+                f"{len(reports)} of the replica's {self.receivers} vLLM workers reported a load"
+            )
             if partial := [str(r["error"]) for r in reports if r.get("partial")]:
                 # Loading had begun: the model is neither version; it serves nothing until
                 # the next load (GatedAdapter.weights_error).

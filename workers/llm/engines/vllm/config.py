@@ -10,7 +10,9 @@ builds it — else this interpreter). The child gets what the contract needs:
 - `--enable-prefix-caching`, so the prefix-cache counters mean something;
 - `--served-model-name`, `--seed`, `--max-logprobs` (the contract asks for 0: the sampled token);
 - `--tensor-parallel-size / --data-parallel-size / --pipeline-parallel-size`
-  (world size = TP x DP x PP GPUs behind one address);
+  (world size = TP x DP x PP GPUs behind one address); with DP > 1 `--api-server-count 1`:
+  vLLM would start one API server per DP rank, and an abort (or pause) sent to one of them
+  for a request another holds is answered 200 and does nothing;
 - `VLLM_SERVER_DEV_MODE=1`, which mounts `/pause`, `/resume`, `/is_paused`, `/abort_requests`,
   `/reset_prefix_cache` and `/collective_rpc`;
 - `--skip-tokenizer-init` when the model directory has no tokenizer (token ids in and out need
@@ -81,6 +83,8 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
         "--worker-extension-cls",
         "--logprobs-mode",
         "--enable-return-routed-experts",
+        "--api-server-count",
+        "-asc",
     }
 )
 WORKER_EXTENSION = "workers.weights.vllm_worker.WeightSync"
@@ -144,6 +148,10 @@ def build_vllm_command(
     ]  # fmt: skip
     if config.return_routed_experts:
         own.append("--enable-return-routed-experts")
+    if config.dp > 1:
+        # vLLM starts an API server per DP rank otherwise, and an abort sent to one of them
+        # for a request another holds is answered 200 and does nothing.
+        own += ["--api-server-count", "1"]
     if takes_images(config.model):
         own.append("--enable-scale-out")  # its token-in generate route is the one with images
     return server_command(

@@ -14,11 +14,20 @@ Weight reload from disk goes through `collective_rpc` to the project's worker ex
 fix explained there; broadcast weights through `rollout_receive_weights(grant=...)`. There is
 deliberately no fallback to a bare `reload_weights`: on a model with tied embeddings it would
 answer 200 and serve a head of the previous version.
+
+Each call names a fresh directory (`report_dir`) where every worker also files its report:
+with data parallelism vLLM runs the method on every engine but answers with engine 0's
+results only, so the reports are read from there (the workers are on this node: a replica
+runs within one).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, ClassVar
 
 from workers.llm.engines.upstream import UPSTREAM_ERRORS, Upstream
@@ -72,12 +81,33 @@ class VLLMUpstream(Upstream):
         return await self._rpc(RECEIVE_METHOD, {"grant": grant})
 
     async def _rpc(self, method: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-        status, body = await self.request(
-            "POST", "/collective_rpc", json={"method": method, "kwargs": kwargs}
-        )
-        if status != 200:
-            raise VLLMUpstreamError(f"collective_rpc {method} answered {status}: {body!r:.300}")
+        """Every worker's report: those filed in a directory of this call's (all engines'),
+        else the answer's (engine 0's only, when vLLM runs data-parallel engines)."""
+        reports = Path(tempfile.mkdtemp(prefix="rollout-vllm-rpc-"))
+        try:
+            status, body = await self.request(
+                "POST",
+                "/collective_rpc",
+                json={"method": method, "kwargs": kwargs | {"report_dir": str(reports)}},
+            )
+            if status != 200:
+                raise VLLMUpstreamError(f"collective_rpc {method} answered {status}: {body!r:.300}")
+            filed = [_read_report(p) for p in sorted(reports.glob("*.json"), key=_index)]
+        finally:
+            shutil.rmtree(reports, ignore_errors=True)
         results = body.get("results") if isinstance(body, dict) else None
+        results = filed or results
         if not results or not all(isinstance(r, dict) for r in results):
             raise VLLMUpstreamError(f"collective_rpc {method}: no reports: {body!r:.300}")
         return list(results)
+
+
+def _index(path: Path) -> int:
+    return int(path.stem) if path.stem.isdigit() else -1
+
+
+def _read_report(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return {"error": f"unreadable report {path.name}: {exc}"}

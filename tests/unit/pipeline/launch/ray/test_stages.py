@@ -38,7 +38,7 @@ def test_the_trainer_asks_for_a_gpu_when_it_trains_on_one() -> None:
         trainer_gpus("cuda", [0])
     assert trainer_gpus("auto", [4, 4], replica_gpus=7) == 1
     assert trainer_gpus("auto", [4, 4], replica_gpus=8) == 0  # the replicas fill the cluster
-    with pytest.raises(LaunchError, match="8 GPUs are all taken by the replicas"):
+    with pytest.raises(LaunchError, match="8 free GPUs are all taken by the replicas"):
         trainer_gpus("cuda", [4, 4], replica_gpus=8)
 
 
@@ -53,6 +53,17 @@ def test_replica_sizing_follows_the_placement_rules() -> None:
         replica_world_size("vllm", (4, 1, 1), 5, [8, 8])
     with pytest.raises(LaunchError, match="spanning nodes"):
         replica_world_size("vllm", (16, 1, 1), 1, [8, 8])
+
+
+def test_the_fit_check_counts_each_nodes_own_replicas() -> None:
+    """Nodes of 8 and 2 GPUs hold two replicas of 4 (the 2-GPU node none), not four."""
+    assert replica_world_size("vllm", (4, 1, 1), 2, [8, 2]) == 4
+    with pytest.raises(LaunchError, match="nodes of 8, 2 GPUs hold 2") as err:
+        replica_world_size("vllm", (4, 1, 1), 4, [8, 2])
+    assert "\n" not in str(err.value)
+    assert replica_world_size("vllm", (2, 1, 1), 3, [4, 2]) == 2  # 2 + 1
+    with pytest.raises(LaunchError, match="hold 3"):
+        replica_world_size("vllm", (2, 1, 1), 4, [4, 3])  # a node of 3 holds one of 2
 
 
 def test_a_vllm_plan_and_the_up_and_down_commands_parse() -> None:

@@ -12,7 +12,7 @@ def _place(node: str, ip: str, port: int = 0, gpus: tuple[str, ...] = ()) -> dic
     return {"node_id": node, "ip": ip, "port": port, "gpus": list(gpus)}
 
 
-def test_cpu_ranks_on_one_node_are_torchrun_standalone() -> None:
+def test_cpu_ranks_on_one_node_are_torchrun_standalone_and_see_no_gpu() -> None:
     envs = rank_env([_place("n1", "10.0.0.1", 29600), _place("n1", "10.0.0.1", 41000)])
     assert envs == [
         {
@@ -22,6 +22,7 @@ def test_cpu_ranks_on_one_node_are_torchrun_standalone() -> None:
             "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "10.0.0.1",
             "MASTER_PORT": "29600",
+            "CUDA_VISIBLE_DEVICES": "",
         },
         {
             "RANK": "1",
@@ -30,6 +31,7 @@ def test_cpu_ranks_on_one_node_are_torchrun_standalone() -> None:
             "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "10.0.0.1",
             "MASTER_PORT": "29600",
+            "CUDA_VISIBLE_DEVICES": "",
         },
     ]
 

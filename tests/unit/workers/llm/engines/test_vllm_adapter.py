@@ -9,6 +9,7 @@ be switched off to exercise the fallbacks an older vLLM needs.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ class FakeVLLM:
     has_pause: bool = True
     has_extension: bool = True
     has_server_info: bool = True
+    engines: int = 1  # data-parallel engines: each files its report; the answer has engine 0's
+    files_reports: bool = True
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = running
     running: dict[str, asyncio.Event] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -151,7 +154,12 @@ class FakeVLLM:
         self.calls.append(("/collective_rpc", body))
         if not self.has_extension:  # vLLM started without --worker-extension-cls
             return web.json_response({"error": "AttributeError: no method"}, status=500)
-        return web.json_response({"results": [{"reprocessed": ["lm_head"], "parameters": 9}]})
+        report = {"reprocessed": ["lm_head"], "parameters": 9}
+        where = body["kwargs"].get("report_dir")
+        for engine in range(self.engines):  # every engine runs it (WeightSync files it)
+            if where and self.files_reports:
+                (Path(where) / f"{engine}.json").write_text(json.dumps(report | {"rank": engine}))
+        return web.json_response({"results": [report | {"rank": 0}]})  # engine 0's only
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({})
@@ -279,7 +287,10 @@ async def test_update_weights_aborts_old_version_then_serves_new(rig: Rig, tmp_p
     _, body = await rig.complete(max_tokens=2)
     assert body["policy_version"] == 5
     rpcs = [c[1] for c in rig.fake.calls if c[0] == "/collective_rpc"]
-    assert rpcs == [{"method": "rollout_load_weights", "kwargs": {"weights_path": str(tmp_path)}}]
+    assert [(r["method"], r["kwargs"]["weights_path"]) for r in rpcs] == [
+        ("rollout_load_weights", str(tmp_path))
+    ]
+    assert not Path(rpcs[0]["kwargs"]["report_dir"]).exists()  # the call's own, removed
     order = [c[0] for c in rig.fake.calls if c[0] != "/v1/completions"]
     assert order.index("/pause") < order.index("/collective_rpc")
     assert order.index("/reset_prefix_cache") < order.index("/resume")
@@ -460,3 +471,29 @@ async def test_image_placeholders_that_do_not_match_the_images_are_a_400() -> No
         )
         assert resp.status == 400
         assert "1 image(s) but 0 image placeholder" in (await resp.json())["error"]["message"]
+
+
+@pytest.mark.parametrize("files_reports", [True, False])
+async def test_every_data_parallel_engines_report_is_read(files_reports: bool, tmp_path) -> None:
+    """vLLM answers /collective_rpc with engine 0's results only; the workers file theirs, so
+    a load counts once every engine reported, and one with a report missing fails."""
+    fake = FakeVLLM(engines=2, files_reports=files_reports)
+    upstream = TestServer(fake.app())
+    await upstream.start_server()
+    adapter = VLLMAdapter(upstream_url=str(upstream.make_url("")), replica_id="dp",
+                          served_model_name="tiny", initial_version=0, receivers=2)  # fmt: skip
+    client = TestClient(TestServer(adapter.app()))
+    await client.start_server()
+    try:
+        assert await adapter.wait_until_ready(lambda: True, 5.0)
+        resp = await client.post("/update_weights", json={"path": str(tmp_path), "version": 1})
+        if files_reports:
+            assert resp.status == 200, await resp.text()
+            assert adapter.version == 1
+        else:
+            assert resp.status == 500
+            assert "1 of the replica's 2 vLLM workers" in (await resp.json())["error"]["message"]
+            assert adapter.version == 0
+    finally:
+        await client.close()
+        await upstream.close()

@@ -12,6 +12,7 @@ Fixtures follow the JSON vLLM's OpenAI server produces, read from vLLM's source:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -371,6 +372,8 @@ def test_command_line_for_tp_dp_pp(tmp_path: Path) -> None:
     assert "--skip-tokenizer-init" not in cmd
     assert _flag(cmd, "--worker-extension-cls") == "workers.weights.vllm_worker.WeightSync"
     assert _flag(cmd, "--logprobs-mode") == "processed_logprobs"
+    # DP 4: one API server, so an abort reaches the server that holds the request
+    assert _flag(cmd, "--api-server-count") == "1"
     assert cmd[-2:] == ["--kv-cache-dtype", "fp8"]
 
 
@@ -382,6 +385,7 @@ def test_defaults_and_tokenizerless_model(tmp_path: Path) -> None:
     assert "--skip-tokenizer-init" in cmd
     assert "--max-model-len" not in cmd and "--gpu-memory-utilization" not in cmd
     assert "--enforce-eager" not in cmd
+    assert "--api-server-count" not in cmd  # DP 1: vLLM's one server anyway
     assert _flag(cmd, "--served-model-name") == "ckpt"
     assert cfg.world_size == 1 and cfg.resolved_replica_id().endswith(":9000")
 
@@ -632,3 +636,20 @@ def test_each_images_expanded_placeholders_go_to_vllm_as_one(tmp_path: Path) -> 
     (text / "config.json").write_text('{"image_token_index": 7}')
     assert image_token_id(vl) == 1024
     assert image_token_id(text) is None and image_token_id(tmp_path / "absent") is None
+
+
+def test_each_worker_files_its_report_under_its_index_across_engines(tmp_path: Path) -> None:
+    """vLLM's /collective_rpc answers with engine 0's results only: each worker also files its
+    report as `<dp x world + rank>.json`, so the adapter reads every engine's."""
+    from types import SimpleNamespace
+
+    from workers.weights.vllm_worker import _filed
+
+    worker = SimpleNamespace(
+        parallel_config=SimpleNamespace(data_parallel_index=1, world_size=2, rank=1)
+    )
+    report = {"reprocessed": [], "parameters": 3}
+    assert _filed(worker, str(tmp_path), report) is report
+    assert json.loads((tmp_path / "3.json").read_text()) == report
+    assert [p.name for p in tmp_path.iterdir()] == ["3.json"]  # no half-written file left
+    assert _filed(SimpleNamespace(), None, report) is report  # no directory: nothing filed
