@@ -91,16 +91,28 @@ def cmd_consume(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _tokenizer(args: argparse.Namespace, cfg: RunConfig) -> Any:
     """The tokenizer `--decode` shows text with: `--tokenizer`, else the run's (the reward
-    stage's, the agent loop's model, the trainer's model)."""
+    stage's, the agent loop's model, the trainer's model), from this config or else from the
+    config `rollout up` saved in the run's directory (`runs/<run>/config.yaml` here)."""
     from pipeline.cli.common import checked_model_dir
+    from pipeline.config import load_config
 
-    where = args.tokenizer or cfg.reward.tokenizer or cfg.agent_loop.model or cfg.trainer.model_dir
+    where = args.tokenizer or _models_of(cfg)
+    saved = Path("runs") / cfg.topics.run_name / "config.yaml"
+    if not where and saved.is_file():
+        where = _models_of(load_config(saved))
     if not where:
-        raise ConfigError("--decode needs a tokenizer: --tokenizer DIR (the policy's model)")
+        raise ConfigError(
+            "--decode needs a tokenizer: --tokenizer DIR (the policy's model), or run it where "
+            f"`rollout up` keeps the run ({saved} is not here)"
+        )
     directory = checked_model_dir(where, "--tokenizer" if args.tokenizer else "tokenizer")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)
+
+
+def _models_of(cfg: RunConfig) -> str | None:
+    return cfg.reward.tokenizer or cfg.agent_loop.model or cfg.trainer.model_dir or None
 
 
 def _wanted(row: dict[str, Any], args: argparse.Namespace) -> bool:

@@ -105,10 +105,10 @@ def test_one_dataset_under_two_prefixes_then_the_first_again(
     line = one_error_line(again)
     assert f"run {runs[0]} is done" in line and f"--steps above {STEPS} continues it" in line
     assert '"stage"' not in again.stdout  # nothing was started
-    # What came out, as text: the tokenizer is the run's (`--tokenizer` names it here).
+    # What came out, as text, as the README says it: no --tokenizer, so the run's (the model
+    # `up` was given, read from the config it saved in runs/<run>/).
     shown = rollout_in(user_dir, "--config", "run.yaml", "--set", f"topics.prefix={runs[1]}.",
-                       "consume", "--topic", "scored", "--limit", "1", "--decode",
-                       "--tokenizer", str(tiny_model))  # fmt: skip
+                       "consume", "--topic", "scored", "--limit", "1", "--decode")  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     event = json.loads(shown.stdout.splitlines()[0])
     assert event["prompt_text"].count("<|im_start|>") >= 2  # the chat template's turns
