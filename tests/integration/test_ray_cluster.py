@@ -144,6 +144,23 @@ def test_a_run_on_two_gpu_nodes_owns_disjoint_gpus_and_announces_no_loopback(
         os.kill(pid, 9)
     assert left == []
 
+    # Three replicas of 2 take all six GPUs: the trainer (`auto`) gets none and is told so
+    # with an empty CUDA_VISIBLE_DEVICES, not left to see its node's GPUs (the replicas').
+    stubs_full = tmp_path / "stubs-full"
+    stubs_full.mkdir()
+    full = dict(common, extra_env={**stub_env, "STUB_VLLM_DIR": str(stubs_full)})
+    try:
+        rows = up(cfg, replicas=3, parallel=(2, 1, 1), **full)
+        trainer = next(r for r in rows if r["stage"] == "train")
+        assert _environ(trainer["pid"])[VISIBLE] == ""
+        pids = [r["pid"] for r in rows]
+    finally:
+        down(two_gpu_nodes.address, run=run, grace_s=5)
+    pids += [p for f in stubs_full.glob("*.json") for p in json.loads(f.read_text()).values()
+             if isinstance(p, int)]  # fmt: skip
+    left = [p for p in pids if Path(f"/proc/{p}").exists() and _alive(p)]
+    assert left == []
+
 
 def _alive(pid: int) -> bool:
     from pipeline.launch.foreground import running
