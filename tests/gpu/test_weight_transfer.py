@@ -157,8 +157,8 @@ def test_vllms_native_nccl_engine(env: dict[str, str]) -> None:
 @TWO_GPUS
 def test_the_projects_broadcast_over_nccl(env: dict[str, str]) -> None:
     from schemas.events import WeightTransfer
-    from workers.weights.grants import GrantClient
     from workers.weights.hub import TransferHub, unique_tensors
+    from workers.weights.sync import GrantClient
 
     url = env["ROLLOUT_REPLICA_URL"]
     served = _model(env["ROLLOUT_UPDATE_WEIGHTS_PATH"])  # what the test before loaded

@@ -14,18 +14,25 @@ Mixture-of-Experts checkpoints come in the hub's layout, one tensor per expert
 5 holds a layer's experts as two 3-d parameters (`….experts.gate_up_proj` [E, 2I, H], gate rows
 first, and `….experts.down_proj` [E, H, I]); `read_checkpoint` stacks the former into the latter
 when the model has them (transformers' own `qwen2_moe` conversion, which Qwen3-MoE shares).
+
+`receive_checked(grant, live)`, in an `hf` replica: receives a granted broadcast
+(`workers.weights.receive`) and checks it against the served model like a checkpoint
+(`check_state`), raising `WeightLoadError` for tensors that do not fit and
+`WeightTransferError` when they did not arrive. (A vLLM replica receives in its workers:
+`vllm_worker.WeightSync`.)
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from workers.weights.exceptions import WeightLoadError
+from workers.weights.exceptions import WeightLoadError, WeightTransferError
 
-__all__ = ["check_state", "copy_into", "read_checkpoint", "targets"]
+__all__ = ["check_state", "copy_into", "read_checkpoint", "receive_checked", "targets"]
 
 Targets = dict[str, torch.Tensor]
 
@@ -116,3 +123,22 @@ def copy_into(live: Targets, state: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in state.items():
             live[name].copy_(tensor)
+
+
+def receive_checked(
+    grant: dict[str, Any], live: dict[str, torch.Tensor], pool: list[torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The granted weights, checked against the model's tensors `live` (the module's docstring);
+    `pool`: the replica's receive buffers, kept from one transfer to the next."""
+    from workers.weights.protocol import Grant
+    from workers.weights.receive import receive
+
+    try:
+        if Grant.loads(grant).backend != "gloo":
+            raise WeightLoadError("the hf replica receives over gloo only (CPU tensors)")
+        state = receive(grant, pool=pool)
+    except ValueError as exc:
+        raise WeightLoadError(f"transfer refused: {exc}") from exc
+    except RuntimeError as exc:  # torch's store errors, gloo's timeouts and broken connections
+        raise WeightTransferError(f"transfer failed: {str(exc).strip()[-300:]}") from exc
+    return check_state(state, live, what="transfer")

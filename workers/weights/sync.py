@@ -12,7 +12,7 @@ requests, which the LLM client resumes transparently), loads, sets the version a
 
 With `weights.mode: broadcast` the newest `PolicyVersion` carries the trainer's
 rendezvous (`transfer`): the controller keeps one want standing at the trainer's store
-(`weight_receiver.GrantClient`) and posts each grant that answers it to the replica
+(`GrantClient`, below) and posts each grant that answers it to the replica
 (`{version, transfer}`); the replica receives over the trainer's group, loads, and answers.
 A replica that waits for its first weights (`awaiting_weights` in its 503 `/health`) first
 tries the announced checkpoint when one is named and it can read it, else waits for a grant.
@@ -46,19 +46,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
+from datetime import timedelta
 from typing import Any
 
 from schemas.errors import RolloutError
-from schemas.events import PolicyVersion
+from schemas.events import PolicyVersion, WeightTransfer
 from workers.kafka.admin import topic_partitions
 from workers.kafka.config import KafkaConfig, TopicsConfig
 from workers.kafka.follow import TopicFollower
 from workers.metrics import StageMetrics
-from workers.weights.grants import GrantClient
+from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
 
-__all__ = ["ReplicaSync", "SyncError", "run_controller"]
+__all__ = ["GrantClient", "ReplicaSync", "SyncError", "run_controller"]
 
 log = logging.getLogger("rollout.replica.sync")
+
+CONNECT_TIMEOUT_S = 10.0
 
 
 class SyncError(RolloutError):
@@ -201,6 +205,80 @@ class ReplicaSync:
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             parsed = json.loads(response.read() or b"{}")
         return parsed if isinstance(parsed, dict) else {}
+
+
+class GrantClient:
+    """One controller's standing want at the trainer's store: connects to the store announced on
+    `rl.policy`, keeps one want standing for its replica (the version it serves, its receiving
+    ranks) and returns the grant that answers it. The controller posts the grant to its replica
+    and, once that returns, a new want: at the trainer's next version the replica is waiting."""
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self._at: WeightTransfer | None = None
+        self._store: Any = None
+        self._want: Want | None = None
+
+    def connect(self, transfer: WeightTransfer) -> None:
+        """Talk to the store `transfer` announces (reconnects when the trainer changed)."""
+        if self._store is not None and self._at == transfer:
+            return
+        import torch.distributed as dist
+
+        from workers.weights.group import store_client
+
+        self.close()
+        client = store_client(transfer.address, CONNECT_TIMEOUT_S)
+        self._store = dist.PrefixStore(transfer.session + "/", client)
+        self._at = transfer
+        log.info("replica %s: weights from %s (session %s)", self.replica, *self._key())
+
+    def _key(self) -> tuple[str, str]:
+        assert self._at is not None
+        return self._at.address, self._at.session
+
+    def want(
+        self,
+        version: int,
+        ranks: int,
+        dtype: str | None = None,
+        backends: tuple[str, ...] = ("gloo",),
+    ) -> None:
+        """Keep a want standing for a replica serving `version` (-1: none of the trainer's)
+        in `dtype`, whose `ranks` processes receive over one of `backends`."""
+        fresh = (version, ranks, dtype, tuple(backends))
+        if self._want is not None and (
+            (self._want.version, self._want.ranks, self._want.dtype, self._want.backends) == fresh
+        ):
+            return
+        first = self._want is None
+        self._want = Want(self.replica, uuid.uuid4().hex, version, ranks, dtype, tuple(backends))
+        self._store.set(want_key(self.replica), self._want.dumps())
+        if first:
+            self._store.append(MEMBERS, self.replica + "\n")
+
+    def wait(self, timeout_s: float) -> dict[str, Any] | None:
+        """The grant answering the standing want, if it comes within `timeout_s`."""
+        import torch.distributed as dist
+
+        if self._want is None:
+            return None
+        key = grant_key(self._want.nonce)
+        try:
+            self._store.wait([key], timedelta(seconds=timeout_s))
+        except dist.DistStoreError:  # not yet (a timeout): the want stays
+            return None
+        raw = self._store.get(key)
+        self._store.delete_key(key)
+        nonce, self._want = self._want.nonce, None  # granted: the next want is a new one
+        try:
+            return Grant.loads(raw).as_dict()
+        except ValueError as exc:
+            log.error("replica %s: unreadable grant for want %s: %s", self.replica, nonce, exc)
+            return None
+
+    def close(self) -> None:
+        self._store, self._at, self._want = None, None, None
 
 
 def run_controller(

@@ -146,8 +146,8 @@ def _rounds(
 ) -> dict[str, Any]:
     from schemas.events import WeightTransfer
     from workers.weights.checkpoint import TrainerState, save_checkpoint
-    from workers.weights.grants import GrantClient
     from workers.weights.hub import TransferHub, unique_tensors
+    from workers.weights.sync import GrantClient
 
     hub = TransferHub(
         host="127.0.0.1", port=0, session="bench", timeout_s=600, bucket_bytes=bucket_mb << 20

@@ -289,9 +289,8 @@ def test_the_controller_wants_posts_the_grant_and_wants_again(replica: FakeRepli
 
     import torch
 
-    from workers.weights.grants import GrantClient
     from workers.weights.hub import TransferHub
-    from workers.weights.sync import _broadcast_step
+    from workers.weights.sync import GrantClient, _broadcast_step
 
     hub = TransferHub(host="127.0.0.1", port=0, session="s", timeout_s=1.0, bucket_bytes=1024)
     replica.health_status = 503
@@ -332,9 +331,8 @@ def test_the_want_says_the_dtype_and_groups_and_a_failed_grant_falls_back_to_the
     fails (the adapter answers 500) makes the next version that names a readable checkpoint
     load from disk, not wait for a grant; a replica that takes no broadcast (SGLang) never
     wants and takes readable checkpoints as they come."""
-    from workers.weights.grants import GrantClient
     from workers.weights.hub import TransferHub
-    from workers.weights.sync import _broadcast_step
+    from workers.weights.sync import GrantClient, _broadcast_step
 
     hub = TransferHub(host="127.0.0.1", port=0, session="s", timeout_s=1.0, bucket_bytes=1024)
     replica.health = {"status": "ok", "version": 2, "load": 0, "dtype": "bfloat16"}

@@ -214,7 +214,7 @@ async def _update_weights(request: web.Request) -> web.Response:
     if state["role"] != "policy":
         raise web.HTTPConflict(reason=f"a {state['role']} replica takes no policy weights")
     if req.transfer is not None:  # the trainer's grant: receive over its group
-        from workers.weights.grants import receive_checked
+        from workers.weights.load import receive_checked
 
         grant, pool = req.transfer, state.setdefault("receive_buffers", [])
         timings = await engine.load_weights(
