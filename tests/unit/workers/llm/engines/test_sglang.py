@@ -16,15 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import ROOT
+from tests.unit.workers.llm.engines.launcher_helpers import call, wait_healthy
 from workers.llm.engines.sglang.server import start_failure
 from workers.ports import free_port
 
@@ -111,16 +109,6 @@ web.run_app(app, host="127.0.0.1", port=int(args[args.index("--port") + 1]), pri
 """
 
 
-def _call(url: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 @pytest.fixture
 def stand_in(tmp_path: Path) -> dict[str, str]:
     pkg = tmp_path / "site" / "sglang"
@@ -152,14 +140,7 @@ def test_launcher_serves_the_contract_and_stops_its_child(
     proc = _launch(tmp_path, stand_in, port)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline, status, body = time.monotonic() + 60, 0, None
-        while time.monotonic() < deadline and status != 200:
-            try:
-                status, body = _call(url + "/health")
-            except OSError:
-                status = 0
-            if status != 200:
-                time.sleep(0.3)
+        status, body = wait_healthy(url)
         assert (status, body) == (
             200,
             {"status": "ok", "version": 2, "load": 0, "capacity": 6, "transfer_backends": []},
@@ -168,7 +149,7 @@ def test_launcher_serves_the_contract_and_stops_its_child(
         argv = record["argv"]
         assert argv[argv.index("--weight-version") + 1] == "2"
         assert "--skip-tokenizer-init" in argv and argv[-1] == "--log-level=debug"
-        status, body = _call(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+        status, body = call(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
         assert status == 200 and body["choices"][0]["token_ids"] == [0, 1, 2]
         assert body["policy_version"] == 2
         proc.send_signal(signal.SIGTERM)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
+from tests.unit.workers.llm.engines.gate_rig import Rig, gate_rig
 from workers.llm.contract import CAPACITY_HEADER, LOAD_HEADER
 from workers.llm.engines.sglang.adapter import SGLangAdapter
 
@@ -129,40 +129,19 @@ class FakeSGLang:
         return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
 
 
-@dataclass
-class Rig:
-    fake: FakeSGLang
-    adapter: SGLangAdapter
-    client: TestClient
-
-    async def complete(self, **kw: Any) -> tuple[int, dict[str, Any]]:
-        resp = await self.client.post("/v1/completions", json={"prompt": [1, 2, 3]} | kw)
-        return resp.status, await resp.json()
-
-    async def until(self, cond: Any, timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not cond():
-                await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    fake = FakeSGLang()
-    upstream = TestServer(fake.app())
-    await upstream.start_server()
-    adapter = SGLangAdapter(
-        upstream_url=str(upstream.make_url("")),
-        replica_id="s0",
-        served_model_name="tiny",
-        initial_version=3,
-        drain_timeout_s=2.0,
-    )
-    client = TestClient(TestServer(adapter.app()))
-    await client.start_server()
-    assert await adapter.wait_until_ready(lambda: True, 5.0)
-    yield Rig(fake, adapter, client)
-    await client.close()
-    await upstream.close()
+    def adapter(url: str) -> SGLangAdapter:
+        return SGLangAdapter(
+            upstream_url=url,
+            replica_id="s0",
+            served_model_name="tiny",
+            initial_version=3,
+            drain_timeout_s=2.0,
+        )
+
+    async with gate_rig(FakeSGLang(), adapter) as rig:
+        yield rig
 
 
 async def test_round_trip_stamps_the_version_and_reports_load_and_capacity(rig: Rig) -> None:

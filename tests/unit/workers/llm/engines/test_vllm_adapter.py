@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from tests.unit.workers.llm.engines.gate_rig import Rig, gate_rig
 from workers.llm.engines.vllm.adapter import VLLMAdapter
 
 LONG = 1000  # max_tokens at or above this: the fake generates until aborted
@@ -173,40 +174,19 @@ class FakeVLLM:
         )
 
 
-@dataclass
-class Rig:
-    fake: FakeVLLM
-    adapter: VLLMAdapter
-    client: TestClient
-
-    async def complete(self, **kw: Any) -> tuple[int, dict[str, Any]]:
-        resp = await self.client.post("/v1/completions", json={"prompt": [1, 2, 3]} | kw)
-        return resp.status, await resp.json()
-
-    async def until(self, cond: Any, timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not cond():
-                await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    fake = FakeVLLM()
-    upstream = TestServer(fake.app())
-    await upstream.start_server()
-    adapter = VLLMAdapter(
-        upstream_url=str(upstream.make_url("")),
-        replica_id="r0",
-        served_model_name="tiny",
-        initial_version=3,
-        drain_timeout_s=2.0,
-    )
-    client = TestClient(TestServer(adapter.app()))
-    await client.start_server()
-    assert await adapter.wait_until_ready(lambda: True, 5.0)
-    yield Rig(fake, adapter, client)
-    await client.close()
-    await upstream.close()
+    def adapter(url: str) -> VLLMAdapter:
+        return VLLMAdapter(
+            upstream_url=url,
+            replica_id="r0",
+            served_model_name="tiny",
+            initial_version=3,
+            drain_timeout_s=2.0,
+        )
+
+    async with gate_rig(FakeVLLM(), adapter) as rig:
+        yield rig
 
 
 async def test_completion_round_trip_stamps_the_version(rig: Rig) -> None:
@@ -419,21 +399,14 @@ class RoutingFake(FakeVLLM):
 
 
 async def test_routed_experts_pass_through_when_vllm_returns_them() -> None:
-    fake = RoutingFake()
-    upstream = TestServer(fake.app())
-    await upstream.start_server()
-    adapter = VLLMAdapter(
-        upstream_url=str(upstream.make_url("")),
-        replica_id="r0",
-        served_model_name="tiny",
-        num_experts=8,
-    )
-    client = TestClient(TestServer(adapter.app()))
-    await client.start_server()
-    try:
-        assert await adapter.wait_until_ready(lambda: True, 5.0)
+    def adapter(url: str) -> VLLMAdapter:
+        return VLLMAdapter(
+            upstream_url=url, replica_id="r0", served_model_name="tiny", num_experts=8
+        )
+
+    async with gate_rig(RoutingFake(), adapter) as rig:
         body = {"prompt": [1, 2, 3], "max_tokens": 4, "return_routed_experts": True}
-        resp = await client.post("/v1/completions", json=body)
+        resp = await rig.client.post("/v1/completions", json=body)
         routed = (await resp.json())["choices"][0]["routed_experts"]
         assert resp.status == 200 and {k: routed[k] for k in ("layers", "top_k")} == {
             "layers": 4,
@@ -441,11 +414,8 @@ async def test_routed_experts_pass_through_when_vllm_returns_them() -> None:
         }
         assert routed["num_experts"] == 8 and isinstance(routed["experts"], str)  # packed u1
         body["return_routed_experts"] = False
-        resp = await client.post("/v1/completions", json=body)
+        resp = await rig.client.post("/v1/completions", json=body)
         assert (await resp.json())["choices"][0]["routed_experts"] is None
-    finally:
-        await client.close()
-        await upstream.close()
 
 
 async def test_an_image_without_its_bytes_is_a_400_before_the_gate() -> None:
@@ -477,23 +447,19 @@ async def test_image_placeholders_that_do_not_match_the_images_are_a_400() -> No
 async def test_every_data_parallel_engines_report_is_read(files_reports: bool, tmp_path) -> None:
     """vLLM answers /collective_rpc with engine 0's results only; the workers file theirs, so
     a load counts once every engine reported, and one with a report missing fails."""
+
+    def adapter(url: str) -> VLLMAdapter:
+        return VLLMAdapter(upstream_url=url, replica_id="dp", served_model_name="tiny",
+                           initial_version=0, receivers=2)  # fmt: skip
+
     fake = FakeVLLM(engines=2, files_reports=files_reports)
-    upstream = TestServer(fake.app())
-    await upstream.start_server()
-    adapter = VLLMAdapter(upstream_url=str(upstream.make_url("")), replica_id="dp",
-                          served_model_name="tiny", initial_version=0, receivers=2)  # fmt: skip
-    client = TestClient(TestServer(adapter.app()))
-    await client.start_server()
-    try:
-        assert await adapter.wait_until_ready(lambda: True, 5.0)
-        resp = await client.post("/update_weights", json={"path": str(tmp_path), "version": 1})
+    async with gate_rig(fake, adapter) as rig:
+        body = {"path": str(tmp_path), "version": 1}
+        resp = await rig.client.post("/update_weights", json=body)
         if files_reports:
             assert resp.status == 200, await resp.text()
-            assert adapter.version == 1
+            assert rig.adapter.version == 1
         else:
             assert resp.status == 500
             assert "1 of the replica's 2 vLLM workers" in (await resp.json())["error"]["message"]
-            assert adapter.version == 0
-    finally:
-        await client.close()
-        await upstream.close()
+            assert rig.adapter.version == 0

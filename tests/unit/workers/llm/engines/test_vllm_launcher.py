@@ -14,15 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import ROOT
+from tests.unit.workers.llm.engines.launcher_helpers import call, wait_healthy
 from workers.ports import free_port
 
 FAKE_MAIN = """
@@ -63,16 +61,6 @@ app.router.add_get("/v1/models", models)
 app.router.add_post("/v1/completions", completions)
 web.run_app(app, host="127.0.0.1", port=port, print=None)
 """
-
-
-def _get(url: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _alive(pid: int) -> bool:
@@ -116,16 +104,7 @@ def test_launcher_serves_the_contract_and_stops_its_child(
     proc = _launch(tmp_path, fake_vllm, port)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        status, body = 0, None
-        while time.monotonic() < deadline:
-            try:
-                status, body = _get(url + "/health")
-            except OSError:
-                status = 0
-            if status == 200:
-                break
-            time.sleep(0.3)
+        status, body = wait_healthy(url)
         # no capacity: this fake vLLM has no /server_info to read max_num_seqs from; two
         # receivers of broadcast weights: its tp=2 workers
         assert (status, body) == (
@@ -146,9 +125,9 @@ def test_launcher_serves_the_contract_and_stops_its_child(
         assert "--enable-prefix-caching" in argv and argv[-2:] == ["--max-num-seqs", "8"]
         assert "--skip-tokenizer-init" in argv  # the model directory has no tokenizer
         assert record["dev"] == "1"
-        status, body = _get(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+        status, body = call(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
         assert status == 200 and body["choices"][0]["token_ids"] == [0, 1, 2]
-        status, info = _get(url + "/info")
+        status, info = call(url + "/info")
         assert info["replica_id"] == "r-test" and info["max_model_len"] == 512
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=40) == 0
