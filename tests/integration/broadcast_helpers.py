@@ -12,7 +12,6 @@ Where that cannot be arranged (not root), the tests that need it skip, saying wh
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -20,8 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.http import http
 from workers.ports import free_port
 
 _PR_CAPBSET_DROP = 24
@@ -70,23 +68,6 @@ def hide(path: Path) -> None:
     if not cannot_read(path):
         path.chmod(0o700)
         pytest.skip("cannot drop CAP_DAC_OVERRIDE here: the replicas could read the trainer's")
-
-
-def http(url: str, body: Any = None, timeout: float = 60.0) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url,
-        data=data,
-        method="GET" if body is None else "POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-    except OSError:
-        return 0, None
 
 
 class ReplicaTree:

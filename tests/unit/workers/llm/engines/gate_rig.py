@@ -4,7 +4,7 @@ aiohttp test server: what the adapter tests of both backends stand on."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +31,12 @@ class Rig:
 
 
 @asynccontextmanager
-async def gate_rig(fake: Any, adapter: Callable[[str], GatedAdapter]) -> AsyncIterator[Rig]:
-    """`fake` served, `adapter(its url)` in front of it and ready, a client of the adapter."""
+async def gate_rig(fake: Any, adapter: type[GatedAdapter], **settings: Any) -> AsyncIterator[Rig]:
+    """`fake` served, an `adapter(upstream_url=its url, **settings)` in front of it and ready,
+    a client of the adapter."""
     upstream = TestServer(fake.app())
     await upstream.start_server()
-    gated = adapter(str(upstream.make_url("")))
+    gated = adapter(upstream_url=str(upstream.make_url("")), **settings)
     client = TestClient(TestServer(gated.app()))
     await client.start_server()
     try:

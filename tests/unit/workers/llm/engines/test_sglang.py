@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.launch.replicas import wait_healthy
 from tests import ROOT
-from tests.unit.workers.llm.engines.launcher_helpers import call, wait_healthy
+from tests.http import http
 from workers.llm.engines.sglang.server import start_failure
 from workers.ports import free_port
 
@@ -140,7 +141,8 @@ def test_launcher_serves_the_contract_and_stops_its_child(
     proc = _launch(tmp_path, stand_in, port)
     try:
         url = f"http://127.0.0.1:{port}"
-        status, body = wait_healthy(url)
+        wait_healthy(url, lambda: proc.poll() is None, 60, name="the launcher")
+        status, body = http(url + "/health", timeout=5)
         assert (status, body) == (
             200,
             {"status": "ok", "version": 2, "load": 0, "capacity": 6, "transfer_backends": []},
@@ -149,7 +151,7 @@ def test_launcher_serves_the_contract_and_stops_its_child(
         argv = record["argv"]
         assert argv[argv.index("--weight-version") + 1] == "2"
         assert "--skip-tokenizer-init" in argv and argv[-1] == "--log-level=debug"
-        status, body = call(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+        status, body = http(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3}, timeout=5)
         assert status == 200 and body["choices"][0]["token_ids"] == [0, 1, 2]
         assert body["policy_version"] == 2
         proc.send_signal(signal.SIGTERM)

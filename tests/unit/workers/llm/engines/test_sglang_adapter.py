@@ -131,16 +131,14 @@ class FakeSGLang:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    def adapter(url: str) -> SGLangAdapter:
-        return SGLangAdapter(
-            upstream_url=url,
-            replica_id="s0",
-            served_model_name="tiny",
-            initial_version=3,
-            drain_timeout_s=2.0,
-        )
-
-    async with gate_rig(FakeSGLang(), adapter) as rig:
+    async with gate_rig(
+        FakeSGLang(),
+        SGLangAdapter,
+        replica_id="s0",
+        served_model_name="tiny",
+        initial_version=3,
+        drain_timeout_s=2.0,
+    ) as rig:
         yield rig
 
 

@@ -176,16 +176,14 @@ class FakeVLLM:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    def adapter(url: str) -> VLLMAdapter:
-        return VLLMAdapter(
-            upstream_url=url,
-            replica_id="r0",
-            served_model_name="tiny",
-            initial_version=3,
-            drain_timeout_s=2.0,
-        )
-
-    async with gate_rig(FakeVLLM(), adapter) as rig:
+    async with gate_rig(
+        FakeVLLM(),
+        VLLMAdapter,
+        replica_id="r0",
+        served_model_name="tiny",
+        initial_version=3,
+        drain_timeout_s=2.0,
+    ) as rig:
         yield rig
 
 
@@ -399,12 +397,9 @@ class RoutingFake(FakeVLLM):
 
 
 async def test_routed_experts_pass_through_when_vllm_returns_them() -> None:
-    def adapter(url: str) -> VLLMAdapter:
-        return VLLMAdapter(
-            upstream_url=url, replica_id="r0", served_model_name="tiny", num_experts=8
-        )
-
-    async with gate_rig(RoutingFake(), adapter) as rig:
+    async with gate_rig(
+        RoutingFake(), VLLMAdapter, replica_id="r0", served_model_name="tiny", num_experts=8
+    ) as rig:
         body = {"prompt": [1, 2, 3], "max_tokens": 4, "return_routed_experts": True}
         resp = await rig.client.post("/v1/completions", json=body)
         routed = (await resp.json())["choices"][0]["routed_experts"]
@@ -448,12 +443,10 @@ async def test_every_data_parallel_engines_report_is_read(files_reports: bool, t
     """vLLM answers /collective_rpc with engine 0's results only; the workers file theirs, so
     a load counts once every engine reported, and one with a report missing fails."""
 
-    def adapter(url: str) -> VLLMAdapter:
-        return VLLMAdapter(upstream_url=url, replica_id="dp", served_model_name="tiny",
-                           initial_version=0, receivers=2)  # fmt: skip
-
     fake = FakeVLLM(engines=2, files_reports=files_reports)
-    async with gate_rig(fake, adapter) as rig:
+    async with gate_rig(
+        fake, VLLMAdapter, replica_id="dp", served_model_name="tiny", initial_version=0, receivers=2
+    ) as rig:
         body = {"path": str(tmp_path), "version": 1}
         resp = await rig.client.post("/update_weights", json=body)
         if files_reports:

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.launch.replicas import wait_healthy
 from tests import ROOT
-from tests.unit.workers.llm.engines.launcher_helpers import call, wait_healthy
+from tests.http import http
 from workers.ports import free_port
 
 FAKE_MAIN = """
@@ -104,7 +105,8 @@ def test_launcher_serves_the_contract_and_stops_its_child(
     proc = _launch(tmp_path, fake_vllm, port)
     try:
         url = f"http://127.0.0.1:{port}"
-        status, body = wait_healthy(url)
+        wait_healthy(url, lambda: proc.poll() is None, 60, name="the launcher")
+        status, body = http(url + "/health", timeout=5)
         # no capacity: this fake vLLM has no /server_info to read max_num_seqs from; two
         # receivers of broadcast weights: its tp=2 workers
         assert (status, body) == (
@@ -125,9 +127,9 @@ def test_launcher_serves_the_contract_and_stops_its_child(
         assert "--enable-prefix-caching" in argv and argv[-2:] == ["--max-num-seqs", "8"]
         assert "--skip-tokenizer-init" in argv  # the model directory has no tokenizer
         assert record["dev"] == "1"
-        status, body = call(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})
+        status, body = http(url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 3}, timeout=5)
         assert status == 200 and body["choices"][0]["token_ids"] == [0, 1, 2]
-        status, info = call(url + "/info")
+        status, info = http(url + "/info", timeout=5)
         assert info["replica_id"] == "r-test" and info["max_model_len"] == 512
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=40) == 0
