@@ -3,7 +3,10 @@
 The `LLMClient` sends greedy generations that fill most of the context to the vLLM replica,
 several at once (a batch makes each step slower, so the update lands well inside them);
 `/update_weights` to another checkpoint follows as soon as vLLM has generated a few tokens of
-each. Every generation must come back as one of exactly MAX_TOKENS tokens spanning two
+each. They are long enough that even one of them alone (its siblings knocked out by a failed
+connection and waiting to be retried, as once seen in CI) takes over ten seconds: no stall of
+this process, which on two shared cores reaches several seconds, lets one finish before the
+update is sent. Every generation must come back as one of exactly MAX_TOKENS tokens spanning two
 versions (`min_global_steps < max_global_steps`), and its tokens must be intact: a prefix of
 them has the logprobs of the old checkpoint and the rest those of the new one, each given all
 tokens before it (a lost, repeated or reordered token breaks both).
@@ -22,7 +25,8 @@ from tests.vllm.support import Replica, http, reference_logprobs
 pytestmark = pytest.mark.vllm
 
 PROMPT = [(17 * i + 1) % 900 + 20 for i in range(24)]
-MAX_TOKENS = 960  # of max_model_len CONTEXT (8192)
+MAX_TOKENS = 4000  # of max_model_len CONTEXT (8192); alone about 12 s on the CPU build
+POLL_S = 0.05  # each poll is a scrape of vLLM's /metrics too: not so often that it slows it
 PARALLEL = 6
 
 
@@ -60,7 +64,7 @@ async def _generate_across_update(replica: Replica, new_weights: Path, version: 
         while await asyncio.to_thread(_generated, replica) < before + 8 * PARALLEL:
             _none_done(tasks)
             assert time.monotonic() < deadline, "vLLM generated too few tokens in 120 s"
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(POLL_S)
         _none_done(tasks)
         await asyncio.to_thread(replica.update_weights, new_weights, version)
         return list(await asyncio.gather(*tasks))

@@ -274,12 +274,13 @@ class LLMClient:
                 last_error = exc
                 self.counters["failures"] += 1
                 logger.warning(
-                    "generate %s: %s on replica %s (failure %d/%d)",
+                    "generate %s: %s on replica %s (failure %d/%d): %s",
                     request_id,
                     type(exc).__name__,
                     rep.replica_id,
                     failures,
                     cfg.max_retries,
+                    exc,
                 )
             else:
                 got.pieces += 1
