@@ -1,15 +1,16 @@
 """Long generations interrupted by a weight update come back through the client whole.
 
-The `LLMClient` sends greedy generations that fill most of the context to the vLLM replica,
-several at once (a batch makes each step slower, so the update lands well inside them);
-`/update_weights` to another checkpoint follows as soon as vLLM has generated a few tokens of
-each. They are long enough that even one of them alone (its siblings knocked out by a failed
-connection and waiting to be retried, as once seen in CI) takes over ten seconds: no stall of
-this process, which on two shared cores reaches several seconds, lets one finish before the
-update is sent. Every generation must come back as one of exactly MAX_TOKENS tokens spanning two
-versions (`min_global_steps < max_global_steps`), and its tokens must be intact: a prefix of
-them has the logprobs of the old checkpoint and the rest those of the new one, each given all
-tokens before it (a lost, repeated or reordered token breaks both).
+The `LLMClient` sends greedy generations of half the context to the vLLM replica, several at
+once (a batch makes each step slower, so the update lands well inside them); `/update_weights`
+to another checkpoint follows once all six are running (a request knocked out by a failed
+connection, as once seen in CI, is waited for until its retry runs) and vLLM has generated a
+few tokens of each. Even one of them alone takes over ten seconds: no stall of this process,
+which on two shared cores reaches several seconds, lets one finish before the update is sent.
+
+Every generation must come back as one of exactly MAX_TOKENS tokens spanning two versions
+(`min_global_steps < max_global_steps`), and its tokens must be intact: a prefix of them has
+the logprobs of the old checkpoint and the rest those of the new one, each given all tokens
+before it (a lost, repeated or reordered token breaks both).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ POLL_S = 0.05  # each poll is a scrape of vLLM's /metrics too: not so often that
 PARALLEL = 6
 
 
-def _generated(replica: Replica) -> float:
+def _progress(replica: Replica) -> tuple[float, float]:
+    """(tokens generated so far, requests running now), from the replica's /metrics."""
     status, text = http(replica.url + "/metrics", timeout=10)
     assert status == 200, text
-    name = "rollout_replica_generated_tokens_total{"
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    values = {"generated_tokens_total": 0.0, "running_requests": 0.0}
+    for line in text.splitlines():
+        for family in values:
+            if line.startswith(f"rollout_replica_{family}{{"):
+                values[family] += float(line.rsplit(" ", 1)[1])
+    return values["generated_tokens_total"], values["running_requests"]
 
 
 def _none_done(tasks: list[asyncio.Task]) -> None:
@@ -55,15 +61,20 @@ async def _generate_across_update(replica: Replica, new_weights: Path, version: 
     # routing: this test is about the resume, not about health checks.
     config = LLMClientConfig(health_timeout_s=30.0, health_failures=100, no_replica_wait_s=300.0)
     async with LLMClient(config, [Routed("vllm-tied", replica.url)]) as client:
-        before = await asyncio.to_thread(_generated, replica)
+        before, _ = await asyncio.to_thread(_progress, replica)
         tasks = [
             asyncio.create_task(client.generate(f"resume-{i}", PROMPT, params))
             for i in range(PARALLEL)
         ]
         deadline = time.monotonic() + 120
-        while await asyncio.to_thread(_generated, replica) < before + 8 * PARALLEL:
+        # All six running (one knocked out and retried counts once it runs again: sent after
+        # the update, it would span one version) and a few tokens of each generated.
+        while True:
+            generated, running = await asyncio.to_thread(_progress, replica)
+            if running >= PARALLEL and generated >= before + 8 * PARALLEL:
+                break
             _none_done(tasks)
-            assert time.monotonic() < deadline, "vLLM generated too few tokens in 120 s"
+            assert time.monotonic() < deadline, "vLLM did not run all six generations in 120 s"
             await asyncio.sleep(POLL_S)
         _none_done(tasks)
         await asyncio.to_thread(replica.update_weights, new_weights, version)
