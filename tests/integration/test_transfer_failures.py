@@ -14,7 +14,7 @@ bucket into live weights of the dtype it serves. What must hold:
   bucket is marked only after it is complete, and `received` only after its last bucket was
   loaded;
 - a receiver serving bf16 gets bf16 bytes (half the trainer's fp32) and its peak extra memory
-  (resident set, measured) stays within two buckets, while the whole model is 4 buckets.
+  (resident set, measured) stays within two buckets, while the whole model is 8 buckets.
 """
 
 from __future__ import annotations
