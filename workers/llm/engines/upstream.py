@@ -1,7 +1,8 @@
 """A thin async HTTP client of one inference server behind a contract adapter.
 
 What every server the adapters front (vLLM, SGLang) shares: one aiohttp session without a
-connection cap (thousands of generations may be in flight at once), `/health` polled until it
+connection cap (thousands of generations may be in flight at once) whose idle connections
+live shorter than the server keeps them (`KEEPALIVE_S`), `/health` polled until it
 answers 200, `max_model_len` from `/v1/models`, `/server_info` read once for the capacity, and
 `/metrics` as Prometheus text. Each backend's subclass names its engine, its error class and
 the calls only it has (`vllm/upstream.py`, `sglang/upstream.py`).
@@ -26,6 +27,7 @@ from workers.llm.engines.exceptions import UpstreamError
 __all__ = [
     "CONTROL_TIMEOUT",
     "INFO_TIMEOUT",
+    "KEEPALIVE_S",
     "SLOW_TIMEOUT",
     "UPSTREAM_ERRORS",
     "Upstream",
@@ -35,6 +37,15 @@ __all__ = [
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=30)
 INFO_TIMEOUT = aiohttp.ClientTimeout(total=120)
 SLOW_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30)
+
+#: Seconds an idle pooled connection to the server may be reused. Both servers run on uvicorn
+#: and close a keep-alive connection idle for 5 s (vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`,
+#: SGLang's fixed `timeout_keep_alive`). aiohttp keeps one for 15 s, so a POST could go out on a
+#: connection the server was closing, or had closed while this gate was too busy to notice, and
+#: fail with "Server disconnected" (aiohttp retries only idempotent methods): a generation
+#: answered 502 after an idle spell, a weight update's pause among them. Dropped sooner than the
+#: server drops it, a reused connection is one the server still keeps.
+KEEPALIVE_S = 2.0
 
 
 UPSTREAM_ERRORS: tuple[type[BaseException], ...] = (
@@ -58,7 +69,9 @@ class Upstream:
         self.log = logging.getLogger(f"rollout.replica.{self.engine.lower()}")
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        )
 
     async def close(self) -> None:
         if self._session is not None:
