@@ -72,6 +72,9 @@ __all__ = [
 
 Backend = Literal["gloo", "nccl"]
 
+#: Seconds a store's host may take to accept a TCP connection before it counts as gone.
+PROBE_S = 5.0
+
 #: torch's ProcessGroupNCCL settings of a transfer group (the module docstring says why).
 TORCH_NCCL_SETTINGS = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
@@ -85,8 +88,15 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def store_client(address: str, timeout_s: float) -> dist.TCPStore:
-    """A client of the trainer's rendezvous store (raises if it cannot connect in time)."""
+    """A client of the trainer's rendezvous store (raises if it cannot connect in time).
+
+    A store that is gone raises `OSError` at once: torch's client retries a refused connection
+    for its whole timeout, then once more after a delay (about three times `timeout_s` in
+    all), and logs each try with its C++ stack. One plain TCP connect first tells a trainer
+    that exited (refused) or a host that does not answer (`PROBE_S`) without either."""
     host, port = split_address(address)
+    with socket.create_connection((host, port), timeout=min(timeout_s, PROBE_S)):
+        pass
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
