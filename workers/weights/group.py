@@ -90,13 +90,18 @@ def split_address(address: str) -> tuple[str, int]:
 def store_client(address: str, timeout_s: float) -> dist.TCPStore:
     """A client of the trainer's rendezvous store (raises if it cannot connect in time).
 
-    A store that is gone raises `OSError` at once: torch's client retries a refused connection
-    for its whole timeout, then once more after a delay (about three times `timeout_s` in
-    all), and logs each try with its C++ stack. One plain TCP connect first tells a trainer
-    that exited (refused) or a host that does not answer (`PROBE_S`) without either."""
+    A store that is gone raises at once what torch raises when it cannot connect
+    (`DistNetworkError`, a `RuntimeError`, which every receiver catches): torch's own client
+    retries a refused connection for its whole timeout, then once more after a delay (about
+    three times `timeout_s` in all), and logs each try with its C++ stack. One plain TCP
+    connect first tells a trainer that exited (refused) or a host that does not answer
+    (`PROBE_S`) without either."""
     host, port = split_address(address)
-    with socket.create_connection((host, port), timeout=min(timeout_s, PROBE_S)):
-        pass
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout_s, PROBE_S)):
+            pass
+    except OSError as exc:
+        raise dist.DistNetworkError(f"no store at {address}: {exc}") from exc
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
