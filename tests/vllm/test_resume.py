@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.vllm.support import Replica, http, reference_logprobs
 
@@ -35,12 +36,14 @@ def _progress(replica: Replica) -> tuple[float, float]:
     """(tokens generated so far, requests running now), from the replica's /metrics."""
     status, text = http(replica.url + "/metrics", timeout=10)
     assert status == 200, text
-    values = {"generated_tokens_total": 0.0, "running_requests": 0.0}
-    for line in text.splitlines():
-        for family in values:
-            if line.startswith(f"rollout_replica_{family}{{"):
-                values[family] += float(line.rsplit(" ", 1)[1])
-    return values["generated_tokens_total"], values["running_requests"]
+    generated = running = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "rollout_replica_generated_tokens_total":
+                generated += sample.value
+            elif sample.name == "rollout_replica_running_requests":
+                running += sample.value
+    return generated, running
 
 
 def _none_done(tasks: list[asyncio.Task]) -> None:
