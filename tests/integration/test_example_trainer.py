@@ -15,7 +15,7 @@ from pipeline.clients import PromptProducer
 from pipeline.data.arithmetic import arithmetic_rows
 from pipeline.launch.local import LocalPipeline
 from tests.conftest import REPO
-from tests.integration.test_pipeline_e2e import health, pipeline_config
+from tests.integration.test_pipeline_e2e import pipeline_config, served_version
 from tests.integration.test_trajectory_consumer import _group
 from tests.integration.trainer_helpers import produce
 
@@ -80,10 +80,10 @@ def test_the_example_trains_and_the_replicas_serve_its_versions(
         state = json.loads(example.stdout.splitlines()[-1])
         assert (state["steps"], state["published"]) == (3, 3)
         for _ in range(60):
-            if health(pipe.replica_urls[0])["version"] == 3:
+            if served_version(pipe.replica_urls[0]) == 3:
                 break
             time.sleep(1.0)
-        assert health(pipe.replica_urls[0])["version"] == 3
+        assert served_version(pipe.replica_urls[0]) == 3
     if weight_transfer == "disk":
         assert (tmp_path / "mine" / "step-3" / "model.safetensors").is_file()
     else:

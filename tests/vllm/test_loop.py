@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.data.producer import PromptProducer
 from pipeline.launch.local import LocalPipeline
-from tests.integration.test_pipeline_e2e import BATCH, STEPS, health, pipeline_config
+from tests.integration.test_pipeline_e2e import BATCH, STEPS, pipeline_config, served_version
 from tests.vllm.support import FAST_START, VLLM_CPU_ENV, VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kafka, pytest.mark.slow]
@@ -63,8 +63,8 @@ def test_the_loop_trains_through_two_vllm_replicas(
         train = pipe.process("train")
         assert train.proc.poll() == 0, train.tail()
         for _ in range(30):
-            versions = [health(url)["version"] for url in pipe.replica_urls]
-            if min(versions) >= STEPS:
+            versions = [served_version(url) for url in pipe.replica_urls]
+            if all(v is not None and v >= STEPS for v in versions):
                 break
             time.sleep(1.0)
         assert versions == [STEPS] * 2, versions
