@@ -93,7 +93,13 @@ class ReplicaSync:
             and new is not None
             and (new.transfer is None or new.transfer.session != event.transfer.session)
         )
-        if new is None or event.version > new.version or restarted:
+        # The trainer publishes a version again when it checkpoints it after the fact (at a
+        # clean stop): that record names the checkpoint a replica that missed the transfer
+        # takes, so it replaces the one held.
+        checkpointed = (
+            new is not None and event.version == new.version and bool(event.path) and not restarted
+        )
+        if new is None or event.version > new.version or restarted or checkpointed:
             self.newest = event
 
     def refresh(self) -> int | None:
@@ -327,7 +333,6 @@ async def _control(
         backoff = 0.5
         log.info("syncing replica %s from %s", sync.url, follower.topic)
         grants: GrantClient | None = None
-        tried: set[int] = set()  # versions whose checkpoint an awaiting replica was offered
         while not stop_event.is_set():
             broadcast = sync.newest is not None and sync.newest.transfer is not None
             # Under broadcast the wait for a grant paces the loop (up to poll_timeout_s).
@@ -341,7 +346,7 @@ async def _control(
                 last_health = now
             if broadcast:
                 grants = grants or GrantClient(sync.url)
-                if await asyncio.to_thread(_broadcast_step, sync, grants, tried, poll_timeout_s):
+                if await asyncio.to_thread(_broadcast_step, sync, grants, poll_timeout_s):
                     backoff = 0.5
                 else:
                     await asyncio.to_thread(stop_event.wait, backoff)
@@ -356,20 +361,29 @@ async def _control(
         await follower.stop()
 
 
-def _broadcast_step(sync: ReplicaSync, grants: GrantClient, tried: set[int], wait_s: float) -> bool:
-    """One round under broadcast (in a thread): keep the want standing, post a grant that
-    came. False when the trainer's store cannot be reached (the caller backs off)."""
+def _broadcast_step(sync: ReplicaSync, grants: GrantClient, wait_s: float) -> bool:
+    """One round under broadcast (in a thread): take a readable checkpoint where one serves
+    (below), keep the want standing, post a grant that came. False when the trainer's store
+    cannot be reached (the caller backs off).
+
+    The checkpoint way is offered every round until it serves or the replica rejects that
+    checkpoint (4xx): a load that failed for a moment (5xx, unreachable) is offered again,
+    since a replica the trainer never saw join gets nothing else once the trainer is gone."""
     new = sync.newest
     assert new is not None and new.transfer is not None
     if sync.served is None:  # the replica does not answer: nothing to want for yet
         time.sleep(min(wait_s, 1.0))
         return True
     checkpoint_way = sync.awaiting or ((sync.fallback or not sync.backends) and sync.due())
-    if checkpoint_way and new.path and new.version not in tried:
-        tried.add(new.version)  # a checkpoint this host can read serves at once
-        if os.access(new.path, os.R_OK | os.X_OK) and sync.apply():
-            sync.fallback = False
-            return True
+    if (
+        checkpoint_way
+        and new.path
+        and new.version not in sync.rejected
+        and os.access(new.path, os.R_OK | os.X_OK)
+        and sync.apply()
+    ):
+        sync.fallback = False
+        return True
     if not sync.backends:  # it takes no broadcast: checkpoints only
         time.sleep(min(wait_s, 1.0))
         return True

@@ -250,8 +250,10 @@ def test_a_replica_unhealthy_after_a_failed_load_is_retried(replica: FakeReplica
 # ------------------------------------------------------------------ broadcast weights
 
 
-def announced(version: int, session: str, path: str = "") -> PolicyVersion:
-    transfer = WeightTransfer(address="127.0.0.1:1", session=session)
+def announced(
+    version: int, session: str, path: str = "", address: str = "127.0.0.1:1"
+) -> PolicyVersion:
+    transfer = WeightTransfer(address=address, session=session)
     return PolicyVersion(version=version, path=path, transfer=transfer)
 
 
@@ -303,7 +305,7 @@ def test_the_controller_wants_posts_the_grant_and_wants_again(replica: FakeRepli
     sync.refresh()
     grants = GrantClient(sync.url)
     try:
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert _broadcast_step(sync, grants, wait_s=0.1)
         (want,) = hub.pending()
         assert (want.replica, want.version, want.ranks) == (sync.url, -1, 1)
         assert replica.posted == []  # the announced checkpoint is not readable here
@@ -312,12 +314,12 @@ def test_the_controller_wants_posts_the_grant_and_wants_again(replica: FakeRepli
         )
         sending.start()
         replica.health_status, replica.health = 200, None
-        assert _broadcast_step(sync, grants, set(), wait_s=5.0)
+        assert _broadcast_step(sync, grants, wait_s=5.0)
         sending.join()
         (posted,) = replica.posted
         assert posted["version"] == 3 and posted["transfer"]["version"] == 3
         assert (sync.served, sync.awaiting, sync.applied) == (3, False, [3])
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert _broadcast_step(sync, grants, wait_s=0.1)
         assert [w.version for w in hub.pending()] == [3]  # the next want: it serves 3
     finally:
         grants.close()
@@ -343,7 +345,7 @@ def test_the_want_says_the_dtype_and_groups_and_a_failed_grant_falls_back_to_the
     sync.refresh()
     grants = GrantClient(sync.url)
     try:
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert _broadcast_step(sync, grants, wait_s=0.1)
         (want,) = hub.pending()
         assert (want.dtype, want.backends, want.version) == ("bfloat16", ("gloo", "nccl"), 2)
         replica.answers = [500]
@@ -354,7 +356,7 @@ def test_the_want_says_the_dtype_and_groups_and_a_failed_grant_falls_back_to_the
         checkpoint = tmp_path / "step-4"
         checkpoint.mkdir()
         sync.observe(PolicyVersion(version=4, path=str(checkpoint), transfer=announced))
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert _broadcast_step(sync, grants, wait_s=0.1)
         assert replica.posted[-1] == {"path": str(checkpoint), "version": 4}
         assert not sync.fallback and sync.served == 4
 
@@ -365,10 +367,52 @@ def test_the_want_says_the_dtype_and_groups_and_a_failed_grant_falls_back_to_the
         checkpoint.mkdir()
         sync.observe(PolicyVersion(version=5, path=str(checkpoint), transfer=announced))
         wanted = [w.nonce for w in hub.pending()]
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)
+        assert _broadcast_step(sync, grants, wait_s=0.1)
         assert replica.posted[-1] == {"path": str(checkpoint), "version": 5}
-        assert _broadcast_step(sync, grants, set(), wait_s=0.1)  # nothing more to want
+        assert _broadcast_step(sync, grants, wait_s=0.1)  # nothing more to want
         assert [w.nonce for w in hub.pending()] == wanted
     finally:
         grants.close()
         hub.close()
+
+
+def test_a_version_published_again_with_its_checkpoint_replaces_the_one_without() -> None:
+    """At a clean stop the trainer checkpoints the last version and publishes it again, now
+    naming the checkpoint: a replica that missed its transfer needs that record."""
+    sync = ReplicaSync("http://replica")
+    sync.observe(announced(3, "s1", path=""))
+    again = announced(3, "s1", path="/ckpt/step-3")
+    sync.observe(again)
+    assert sync.newest is again
+    sync.observe(announced(3, "s1", path=""))  # a record without a checkpoint takes none away
+    assert sync.newest is again
+
+
+def test_a_replica_the_trainer_never_saw_takes_the_last_checkpoint_after_the_trainer_is_gone(
+    replica: FakeReplica, tmp_path: Any
+) -> None:
+    """The trainer ran its steps before this replica's controller reached its store, and
+    exited: the store is gone and the replica awaits its first weights. The last version, as
+    published again with its checkpoint, is loaded from disk; a load that failed once (503)
+    is offered again at the next round, not given up."""
+    import socket
+
+    from workers.weights.sync import GrantClient, _broadcast_step
+
+    with socket.socket() as probe:  # a port with no store behind it
+        probe.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{probe.getsockname()[1]}"
+    checkpoint = tmp_path / "step-3"
+    checkpoint.mkdir()
+    replica.health_status = 503
+    replica.health = {"status": "unavailable", "version": 0, "awaiting_weights": True}
+    sync = ReplicaSync(replica.url, request_timeout_s=5)
+    for path in ("", str(checkpoint)):
+        sync.observe(announced(3, "s1", path=path, address=gone))
+    sync.refresh()
+    grants = GrantClient(sync.url)
+    replica.answers = [503]
+    assert not _broadcast_step(sync, grants, wait_s=0.1)  # the load failed, the store is gone
+    assert _broadcast_step(sync, grants, wait_s=0.1)
+    assert replica.posted == [{"path": str(checkpoint), "version": 3}] * 2
+    assert (sync.served, sync.awaiting) == (3, False)
