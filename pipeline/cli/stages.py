@@ -272,8 +272,9 @@ def _train_sharded(args: argparse.Namespace, cfg: RunConfig, trainer_cfg: Any) -
 
 
 def cmd_replica_sync(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from workers.weights.sync import run_controller
+    from workers.weights.sync import quiet_store_warnings, run_controller
 
+    quiet_store_warnings()
     stop, metrics = _stop_event_on_signals(), _metrics("sync", args)
     run_controller(cfg.kafka, cfg.topics, args.replica, stop, metrics=metrics)
     return 0

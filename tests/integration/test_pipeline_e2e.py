@@ -137,6 +137,10 @@ def test_the_loop_trains_and_weights_flow_back(
                 break
             time.sleep(1.0)
         assert versions == [STEPS] * 2, versions
+    # A trainer that stops ends its store under the controllers' waits: each says so in one
+    # line, and torch's C++ stack of the same (some 25 lines) is not printed.
+    for log in sorted((tmp_path / "run" / "logs").glob("sync-*.log")):
+        assert "frame #" not in log.read_text(errors="replace"), log
 
     # `rollout status` against the running pipeline: lag, the live version, the replicas.
     assert status is not None and status.returncode == 0, status and status.stderr

@@ -58,7 +58,7 @@ from workers.kafka.follow import TopicFollower
 from workers.metrics import StageMetrics
 from workers.weights.protocol import MEMBERS, Grant, Want, grant_key, want_key
 
-__all__ = ["GrantClient", "ReplicaSync", "SyncError", "run_controller"]
+__all__ = ["GrantClient", "ReplicaSync", "SyncError", "quiet_store_warnings", "run_controller"]
 
 log = logging.getLogger("rollout.replica.sync")
 
@@ -285,6 +285,16 @@ class GrantClient:
 
     def close(self) -> None:
         self._store, self._at, self._want = None, None, None
+
+
+def quiet_store_warnings() -> None:
+    """In a process of its own (`rollout replica sync`), before torch loads: torch's C++ logs
+    below ERROR are left out (`TORCH_CPP_LOG_LEVEL`, read once, when torch loads; a setting of
+    the user's wins). Torch is used there only for the trainer's store, and when the trainer
+    stops, its client logs the dropped connection as a warning with a C++ stack of some 25
+    lines. The controller already says the same in one line. Not for a controller embedded
+    beside a replica: torch is loaded there, and its children would inherit the setting."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def run_controller(
