@@ -10,7 +10,10 @@ What `rollout up` shows a user of their own data, as the demo shows its own:
 - `RunWatch.poll()` every second while the run is up: the live table of
   `pipeline.observe.progress` on a terminal, else one line per trainer step (step, reward,
   staleness, stale-dropped, policy version, the lag of each stage, and what the reward and
-  replay stages dropped as already done, from their stats files), so a log shows it too.
+  replay stages dropped as already done, from their stats files), so a log shows it too;
+  and once a wait begins, one line when the run is idle (`IDLE_S` without a step, every
+  prompt taken, nothing generating, no record waiting at any stage): the trainer waits for
+  prompts that were never produced, which would otherwise look like a hang.
 - `RunWatch.report(out_dir, wall_s)` at the end: the report of `pipeline.observe.report`
   (`report.png`, metrics as CSV/JSON, `summary.json`/`.txt`), returned as its summary text.
 
@@ -29,7 +32,10 @@ from typing import Any, TextIO
 from pipeline.config import RunConfig
 from pipeline.observe.progress import Progress, Snapshot, StageSpec, render
 
-__all__ = ["DONE_COUNTERS", "DataOutlook", "RunWatch", "data_outlook", "stage_specs"]
+__all__ = ["DONE_COUNTERS", "IDLE_S", "DataOutlook", "RunWatch", "data_outlook", "stage_specs"]
+
+#: Seconds without a step, with nothing waiting or generating, before the run is said idle.
+IDLE_S = 30.0
 
 #: The counters of the stateful stages' stats files that count records dropped as done.
 DONE_COUNTERS = {
@@ -142,6 +148,8 @@ class RunWatch:
         self.started = time.monotonic()
         self.launched = time.time()
         self._printed = 0  # step records already printed as lines
+        self._steps_seen, self._step_at = 0, self.started  # the last step, and since when
+        self._idle_said: int | None = None  # the step count an idle line was written at
         self._live: Any = None
         if live if live is not None else self.stream.isatty():
             from rich.console import Console
@@ -162,8 +170,41 @@ class RunWatch:
             for record in snap.steps[self._printed :]:
                 self.stream.write(self._line(record, snap) + "\n")
             self._printed = len(snap.steps)
+        if (idle := self.idle_line(snap, time.monotonic())) is not None:
+            if self._live is not None:
+                self._live.console.print(idle, markup=False, highlight=False)
+            else:
+                self.stream.write(idle + "\n")
+        if self._live is None:
             self.stream.flush()
         return snap
+
+    def idle_line(self, snap: Snapshot, now: float) -> str | None:
+        """The line that says the run waits for prompts, once per wait (None otherwise):
+        no step for `IDLE_S`, `max_steps` not reached, the agent loop generating nothing and
+        no stage with records waiting."""
+        if len(snap.steps) != self._steps_seen:
+            self._steps_seen, self._step_at = len(snap.steps), now
+            return None
+        if self._idle_said == self._steps_seen or now - self._step_at < IDLE_S:
+            return None
+        if self.max_steps and snap.step >= self.max_steps:
+            return None
+        stages = [numbers for numbers in snap.stages.values() if numbers]
+        agent = snap.stages.get("agent-loop") or {}
+        if not stages or any(numbers.get("lag") for numbers in stages):
+            return None
+        if agent.get("in_flight") != 0:
+            return None
+        self._idle_said = self._steps_seen
+        prompts = self.cfg.topics.name("prompts")
+        at = f"after step {snap.step}" if snap.steps else "before its first step"
+        return (
+            f"rollout: idle {at} for {now - self._step_at:.0f}s: every prompt on {prompts} is "
+            "taken, nothing is generating and no stage has records waiting; the trainer waits "
+            f"for more groups (`rollout --set topics.prefix={self.cfg.topics.prefix} produce` "
+            "more prompts, or Ctrl-C: the checkpoints are kept)"
+        )
 
     def _line(self, record: dict[str, Any], snap: Snapshot) -> str:
         hist = record.get("staleness_hist", {})
