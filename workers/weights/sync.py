@@ -96,9 +96,7 @@ class ReplicaSync:
         # The trainer publishes a version again when it checkpoints it after the fact (at a
         # clean stop): that record names the checkpoint a replica that missed the transfer
         # takes, so it replaces the one held.
-        checkpointed = (
-            new is not None and event.version == new.version and bool(event.path) and not restarted
-        )
+        checkpointed = new is not None and event.version == new.version and bool(event.path)
         if new is None or event.version > new.version or restarted or checkpointed:
             self.newest = event
 
